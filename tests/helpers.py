@@ -1,0 +1,50 @@
+"""Shared test helpers: random attention inputs, tree comparisons, data paths."""
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+SHARED_DATA = os.path.join(os.path.dirname(__file__), '..', '..', 'shared',
+                           'data')
+
+
+def qkv_inputs(batch=2, lq=5, lk=7, d=16, d_k=None, d_v=None, seed=0,
+               pad_from=None, mask_shape='padding'):
+  """Random (Q, K, V, mask); row 1 masks keys from `pad_from` on."""
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  q = jax.random.normal(keys[0], (batch, lq, d))
+  k = jax.random.normal(keys[1], (batch, lk, d_k or d))
+  v = jax.random.normal(keys[2], (batch, lk, d_v or d))
+  rows = 1 if mask_shape == 'padding' else lq
+  mask = np.ones((batch, 1, rows, lk), dtype=bool)
+  if pad_from is not None:
+    mask[-1, ..., pad_from:] = False
+  if mask_shape == 'partial_rows':  # some query rows see fewer keys
+    mask[0, 0, 1, lk // 2:] = False
+  return q, k, v, jnp.asarray(mask)
+
+
+def leaves(tree):
+  return jax.tree_util.tree_leaves(tree)
+
+
+def assert_trees_equal(a, b):
+  """Same structure and bit-identical leaves."""
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for x, y in zip(leaves(a), leaves(b)):
+    assert np.asarray(x).dtype == np.asarray(y).dtype
+    assert np.array_equal(np.asarray(x), np.asarray(y)), (
+        f'max |diff| = {np.abs(np.asarray(x) - np.asarray(y)).max()}')
+
+
+def require_shared_data(name):
+  path = os.path.join(SHARED_DATA, name)
+  if not os.path.isdir(path):
+    pytest.skip(f'{path} is absent: the shared {name} data set is only '
+                'available beside the project checkout (../shared/data).')
+  return path

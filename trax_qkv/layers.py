@@ -1,0 +1,160 @@
+"""`PureAttention` and `AttentionQKV`: drop-in replacements for trax 1.4.1's.
+
+Why Q, K and V get their own projections: attention reads from a set of
+vectors by content. The query projection decides what a position is looking
+for, the key projection decides what each position advertises, and the value
+projection decides what it hands over once chosen. With separate (and, per
+head, separately sliced) projections every head can learn its own retrieval
+criterion -- one head aligns a German unit word with the English "-one", another
+with "twenty" -- instead of all heads matching raw activations to themselves.
+
+Both layers reproduce the built-in's layer tree exactly (sublayer nesting,
+weight and state trees, the rng splits that follow from them), so checkpoints
+and dropout masks carry over bit for bit; `trax_qkv.attention_math` holds the
+math itself.
+"""
+
+import gin
+from trax.layers import base
+from trax.layers import combinators as cb
+from trax.layers import core
+from trax.layers.assert_shape import AssertFunction
+from trax.layers.research import sparsity
+
+from trax_qkv import attention_math
+from trax_qkv import checks
+
+IMPLEMENTATIONS = ('reference',)
+
+
+@gin.configurable(module='trax_qkv', denylist=['mode'])
+class PureAttention(base.Layer):
+  """Maps `(Q, K, V, mask)` to `(activations, mask)`: multi-head attention.
+
+  Q, K and V are already projected, shaped (batch, L, d); the layer splits
+  them into `n_heads` heads, attends per head and merges the heads again. In
+  'viz' mode its state holds the (batch, heads, Lq, Lk) attention weights.
+  """
+
+  def __init__(self, n_heads=1, dropout=0.0, mode='train',
+               implementation='reference'):
+    """Creates a PureAttention layer.
+
+    Args:
+      n_heads: number of attention heads; must divide the feature size.
+      dropout: rate in [0, 1) at which attention weights are dropped in
+          'train' mode.
+      mode: one of 'train', 'eval', 'predict', 'viz'.
+      implementation: which formulation of the math to run; 'reference' is
+          bit-identical to trax.layers.PureAttention.
+    """
+    checks.check_n_heads(n_heads)
+    checks.check_dropout(dropout)
+    checks.check_mode(mode)
+    checks.check_choice('implementation', implementation, IMPLEMENTATIONS)
+    super().__init__(n_in=4, n_out=2)
+    self._n_heads = n_heads
+    self._dropout = dropout
+    self._mode = mode
+    self._implementation = implementation
+
+  def init(self, input_signature, rng=None, use_cache=False):
+    # Checked here because Trax re-raises anything from inside init as a
+    # generic LayerError; this way a bad input is a ValueError/TypeError.
+    checks.check_qkv_inputs(input_signature, self._n_heads)
+    return super().init(input_signature, rng=rng, use_cache=use_cache)
+
+  def forward(self, inputs):
+    checks.check_qkv_inputs(inputs, self._n_heads)
+    q, k, v, mask = inputs
+    dropout_rate = self._dropout if self._mode == 'train' else 0.0
+    activations, weights = attention_math.dot_product_attention(
+        q, k, v, mask, self._n_heads, dropout_rate=dropout_rate,
+        dropout_rng=self.rng)
+    if self._mode == 'viz':
+      self.state = weights
+    return activations, mask
+
+
+class CheckedSerial(cb.Serial):
+  """A `Serial` whose `init` runs `check_inputs(input_signature)` first.
+
+  Trax wraps every exception raised during `init` in a LayerError; checking
+  before delegating keeps the caller's ValueError/TypeError (and its message
+  naming the bad input) intact.
+  """
+
+  def __init__(self, *sublayers, check_inputs, name=None):
+    super().__init__(*sublayers, name=name)
+    self._check_inputs = check_inputs
+
+  def init(self, input_signature, rng=None, use_cache=False):
+    self._check_inputs(input_signature)
+    return super().init(input_signature, rng=rng, use_cache=use_cache)
+
+
+@gin.configurable(module='trax_qkv', denylist=['mode'])
+def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: disable=invalid-name
+                 cache_KV_in_predict=False, q_sparsity=None,
+                 result_sparsity=None, implementation='reference'):
+  """Maps `(AQ, AK, AV, mask)` to `(new_A, mask)`: projected attention.
+
+  Data flow, as in trax 1.4.1:
+
+      AQ --Dense--> Q --\\
+      AK --Dense--> K ---PureAttention--> heads merged --Dense--> new_A
+      AV --Dense--> V --/
+
+  AQ comes from one source (the decoder, in encoder-decoder attention) and
+  AK, AV from another (the encoder). With `cache_KV_in_predict` in 'predict'
+  mode the K and V projections are computed once and cached, since the encoder
+  output does not change while decoding.
+
+  Args:
+    d_feature: feature size of Q, K, V and of the output.
+    n_heads: number of attention heads; must divide d_feature.
+    dropout: attention-weight dropout rate in [0, 1), 'train' mode only.
+    mode: one of 'train', 'eval', 'predict', 'viz'.
+    cache_KV_in_predict: cache the K and V projections in 'predict' mode.
+    q_sparsity: None (Dense), 'noop' (no projection) or an int: Trax's
+        factored sparse projection for the queries.
+    result_sparsity: the same choice for the output projection.
+    implementation: formulation of the attention math (see PureAttention).
+
+  Returns:
+    A layer with the built-in's weights tree: Wq, bq, Wk, bk, Wv, bv, Wo, bo.
+  """
+  checks.check_n_heads(n_heads)
+  checks.check_d_feature(d_feature, n_heads)
+  checks.check_dropout(dropout)
+  checks.check_mode(mode)
+  checks.check_sparsity('q_sparsity', q_sparsity, d_feature)
+  checks.check_sparsity('result_sparsity', result_sparsity, d_feature)
+
+  def _Projection(layer_sparsity):  # pylint: disable=invalid-name
+    if layer_sparsity is None:
+      return core.Dense(d_feature)
+    if layer_sparsity == 'noop':
+      return cb.Serial()
+    return cb.Serial(
+        sparsity.FactoredDense(layer_sparsity, d_feature, d_feature),
+        sparsity.LocallyConvDense(layer_sparsity, d_feature // layer_sparsity,
+                                  mode=mode, kernel_size=3,
+                                  length_kernel_size=3))
+
+  def _KVProjection():  # pylint: disable=invalid-name
+    if cache_KV_in_predict and mode == 'predict':
+      return cb.Cache(core.Dense(d_feature))
+    return core.Dense(d_feature)
+
+  attention = cb.Serial(
+      cb.Parallel(_Projection(q_sparsity), _KVProjection(), _KVProjection()),
+      PureAttention(n_heads=n_heads, dropout=dropout, mode=mode,
+                    implementation=implementation),
+      _Projection(result_sparsity),
+  )
+  # The built-in is decorated with @assert_shape, which wraps it as
+  # Serial(AssertShape, layer, AssertShape). Trax splits rngs per sublayer, so
+  # the same three-layer wrapper is needed for identical init and dropout keys.
+  wrapped = AssertFunction('bSq,blk,blv,b1xl->bSd,b1xl', attention)
+  return CheckedSerial(*wrapped.sublayers, check_inputs=checks.check_qkv_inputs)
