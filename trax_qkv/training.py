@@ -1,0 +1,61 @@
+"""Training from gin configs (the `scripts/train.py` trainer) and its checks.
+
+`python -m trax.trainer` no longer imports on current JAX; this is the same
+job: parse gin files and bindings, then `trax.supervised.trainer_lib.train`,
+which trains with `training.Loop` and resumes from the checkpoint in
+`output_dir` when one is there. Everything that can be wrong with the
+command line is checked before any training or writing.
+"""
+
+import os
+
+import gin
+from trax.supervised import trainer_lib
+
+import trax_qkv  # pylint: disable=unused-import  (configurables for configs)
+import trax_qkv.data  # pylint: disable=unused-import
+
+
+class ConfigError(ValueError):
+  """A gin config file or binding that cannot be used."""
+
+
+def check_output_dir(output_dir):
+  """A directory that exists and is writable, or can be created."""
+  if not output_dir:
+    raise ValueError('output_dir must be a directory path; got '
+                     f'{output_dir!r}.')
+  path = os.path.abspath(os.path.expanduser(output_dir))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f'output_dir {path} is a file; expected a directory '
+                     '(new or holding an earlier run to resume).')
+  existing = path
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise PermissionError(f'output_dir {path} is not writable (checked '
+                          f'{existing}); choose a directory you can write.')
+  return path
+
+
+def parse_configs(config_files=(), bindings=()):
+  """Parses gin files and bindings; raises ConfigError naming the culprit."""
+  for path in config_files:
+    if not os.path.isfile(path):
+      raise ConfigError(f'config file {path} does not exist; expected a gin '
+                        'file such as configs/plugin.gin.')
+    gin.add_config_file_search_path(os.path.dirname(os.path.abspath(path)))
+  try:
+    gin.parse_config_files_and_bindings(list(config_files), list(bindings))
+  except (SyntaxError, ValueError, KeyError, IOError) as e:
+    raise ConfigError(f'gin could not use the configuration '
+                      f'(files {list(config_files)}, bindings '
+                      f'{list(bindings)}): {e}') from e
+
+
+def train_from_configs(config_files, bindings, output_dir):
+  """`python -m trax.trainer` equivalent; returns trainer_lib.train's Loop."""
+  output_dir = check_output_dir(output_dir)
+  gin.clear_config()
+  parse_configs(config_files, bindings)
+  return trainer_lib.train(output_dir=output_dir)
