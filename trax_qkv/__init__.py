@@ -9,6 +9,7 @@ Importing the package registers its gin configurables under the module
 changes until you choose another).
 """
 
+from trax_qkv import compat
 from trax_qkv.layers import AttentionQKV
 from trax_qkv.layers import PureAttention
 from trax_qkv.transformer import CrossAttentionTransformer
@@ -18,3 +19,5 @@ from trax_qkv.transformer import register_cross_attention
 from trax_qkv.transformer import use_cross_attention
 
 __version__ = '0.1.0'
+
+compat.apply()

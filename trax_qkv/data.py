@@ -25,7 +25,13 @@ from num2words import num2words
 from trax.data import text_encoder
 
 EOS_ID = 1  # SubwordTextEncoder reserves 0 for padding and 1 for <EOS>.
-SPLITS = ('train', 'validation', 'test')
+# File-name prefixes accepted for each split in a parallel-text directory,
+# in order of preference (Multi30k ships val.* and test2016.*).
+SPLIT_FILE_PREFIXES = {
+    'train': ('train',),
+    'validation': ('validation', 'val', 'valid', 'dev'),
+    'test': ('test', 'test2016'),
+}
 DEFAULT_DATA_DIR = os.path.expanduser('~/tensorflow_datasets')
 
 
@@ -103,8 +109,8 @@ def read_parallel_split(directory, split, src, tgt):
     if not os.path.isfile(path):
       raise ParallelTextError(
           f'missing file {path}: a parallel-text directory needs '
-          f'{{split}}.{{lang}} files, one sentence per line, for splits '
-          f'{SPLITS} and languages {src!r}, {tgt!r}.')
+          f'{{split}}.{{lang}} files, one sentence per line, for '
+          f'languages {src!r} and {tgt!r}.')
     with open(path, 'rb') as f:
       raw = f.read()
     try:
@@ -130,9 +136,15 @@ def read_parallel_split(directory, split, src, tgt):
   return columns[0], columns[1]
 
 
-def _available_splits(directory, src):
-  return [s for s in SPLITS
-          if os.path.isfile(os.path.join(directory, f'{s}.{src}'))]
+def split_files(directory, src):
+  """{TFDS split: file prefix} for the splits present in `directory`."""
+  found = {}
+  for split, prefixes in SPLIT_FILE_PREFIXES.items():
+    for prefix in prefixes:
+      if os.path.isfile(os.path.join(directory, f'{prefix}.{src}')):
+        found[split] = prefix
+        break
+  return found
 
 
 class _ParallelTextBase(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -153,12 +165,12 @@ class _ParallelTextBase(tfds.core.GeneratorBasedBuilder, skip_registration=True)
   def _split_generators(self, dl_manager):
     del dl_manager
     src, tgt = self.LANGS
-    return {split: self._generate_examples(split)
-            for split in _available_splits(self.DIRECTORY, src)}
+    return {split: self._generate_examples(prefix)
+            for split, prefix in split_files(self.DIRECTORY, src).items()}
 
-  def _generate_examples(self, split):
+  def _generate_examples(self, prefix):
     src, tgt = self.LANGS
-    sources, targets = read_parallel_split(self.DIRECTORY, split, src, tgt)
+    sources, targets = read_parallel_split(self.DIRECTORY, prefix, src, tgt)
     for i, (s, t) in enumerate(zip(sources, targets)):
       yield i, {src: s, tgt: t}
 
@@ -182,13 +194,13 @@ def parallel_text_dataset(directory, src, tgt):
     raise ParallelTextError(
         f'directory {directory} does not exist; expected a directory with '
         f'{{split}}.{src} and {{split}}.{tgt} files.')
-  splits = _available_splits(directory, src)
+  splits = split_files(directory, src)
   if 'train' not in splits or len(splits) < 2:
     raise ParallelTextError(
-        f'{directory} needs train.{src}/train.{tgt} and at least one of '
-        f'validation or test; found splits {splits}.')
-  for split in splits:
-    read_parallel_split(directory, split, src, tgt)
+        f'{directory} needs train.{src}/train.{tgt} and a validation or test '
+        f'split (file prefixes {SPLIT_FILE_PREFIXES}); found {splits}.')
+  for prefix in splits.values():
+    read_parallel_split(directory, prefix, src, tgt)
 
   digest = hashlib.sha1(directory.encode()).hexdigest()[:8]
   slug = re.sub(r'[^a-z0-9]+', '_', os.path.basename(directory).lower())
