@@ -47,6 +47,11 @@ def build_parser():
   add('--steps', type=int, default=1500, help='training steps')
   add('--learning_rate', type=float, default=0.002, help='Adam learning rate')
   add('--warmup_steps', type=int, default=100, help='linear warm-up steps')
+  add('--lr_factors', default='constant * linear_warmup',
+      help="trax multifactor schedule, e.g. 'constant * linear_warmup * "
+           "rsqrt_decay'; --learning_rate is its peak")
+  add('--label_smoothing', type=float, default=0.0,
+      help='label smoothing of the training loss')
   add('--eval_every', type=int, default=250, help='eval every N steps')
   add('--seed', type=int, default=0, help='random seed (weights, dropout)')
   add('--implementations', nargs='+', default=['trax', 'trax_qkv'],

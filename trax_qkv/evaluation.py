@@ -92,7 +92,7 @@ def beam_decode(model, source_ids, source_length, n_beams, max_length):
 
 
 def scores(hypotheses, references):
-  """BLEU (cased and lowercased, sacreBLEU defaults) and exact match."""
+  """sacreBLEU BLEU (cased, lowercased) and chrF, and exact match."""
   if len(hypotheses) != len(references):
     raise ValueError(f'{len(hypotheses)} hypotheses for '
                      f'{len(references)} references.')
@@ -101,5 +101,8 @@ def scores(hypotheses, references):
       'bleu': sacrebleu.corpus_bleu(hypotheses, [references]).score,
       'bleu_lowercase': sacrebleu.corpus_bleu(hypotheses, [references],
                                               lowercase=True).score,
+      # chrF: on single-word targets (German number words) BLEU has no
+      # 2- to 4-grams to match and is 0 even for perfect output.
+      'chrf': sacrebleu.corpus_chrf(hypotheses, [references]).score,
       'exact_match': float(exact),
   }

@@ -47,6 +47,8 @@ class ValidationConfig:
   steps: int = 1500
   learning_rate: float = 0.002
   warmup_steps: int = 100
+  lr_factors: str = 'constant * linear_warmup'
+  label_smoothing: float = 0.0
   eval_every: int = 250
   seed: int = 0
   implementations: tuple = ('trax', 'trax_qkv')
@@ -66,8 +68,10 @@ class ValidationConfig:
     if self.d_model % self.n_heads:
       raise ValueError(f'd_model ({self.d_model}) must be divisible by '
                        f'n_heads ({self.n_heads}).')
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f'dropout must be in [0, 1); got {self.dropout}.')
+    for name in ('dropout', 'label_smoothing'):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f'{name} must be in [0, 1); got '
+                         f'{getattr(self, name)}.')
     if not self.implementations:
       raise ValueError('implementations must name at least one of '
                        f'{transformer.cross_attention_implementations()}.')
@@ -104,12 +108,18 @@ def model_factory(config, vocab_size, implementation):
 def train_one(config, model_fn, train_batches, eval_batches, output_dir,
               log=print):
   """Trains from `config.seed`; returns (loop, seconds)."""
+  # With rsqrt_decay, multifactor divides by sqrt(max(step, warmup)); scale
+  # the constant so that `learning_rate` is the peak rate either way.
+  peak = config.learning_rate * (
+      np.sqrt(config.warmup_steps) if 'rsqrt_decay' in config.lr_factors
+      else 1.0)
   schedule = lr_schedules.multifactor(
-      constant=config.learning_rate, factors='constant * linear_warmup',
+      constant=peak, factors=config.lr_factors,
       warmup_steps=config.warmup_steps)
   # TrainTask draws one batch up front as a shape sample; cycle to be safe.
   task = training.TrainTask(itertools.cycle(train_batches),
-                            tl.WeightedCategoryCrossEntropy(),
+                            tl.WeightedCategoryCrossEntropy(
+                                label_smoothing=config.label_smoothing or None),
                             trax.optimizers.Adam(config.learning_rate),
                             lr_schedule=schedule)
   eval_task = training.EvalTask(
@@ -193,7 +203,7 @@ def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
     for h in range(n_heads):
       ax = axes[li][h]
       ax.imshow(layer_weights[h][:len(target_tokens), :len(source_tokens)],
-                cmap='viridis', vmin=0, vmax=1, aspect='auto')
+                cmap='viridis', vmin=0, aspect='auto')
       ax.set_title(f'layer {li + 1} head {h + 1}', fontsize=8)
       ax.set_xticks(range(len(source_tokens)))
       ax.set_xticklabels(source_tokens, rotation=90, fontsize=6)
@@ -309,6 +319,7 @@ def run_validation(config, output_dir, log=print):
 def render_report(summary, labels):
   rows = [('BLEU (sacreBLEU, cased)', 'bleu', '{:.2f}'),
           ('BLEU (lowercased)', 'bleu_lowercase', '{:.2f}'),
+          ('chrF (sacreBLEU)', 'chrf', '{:.2f}'),
           ('exact match, greedy', 'exact_match', '{:.2%}'),
           ('exact match, beam (first sentences)', 'beam_exact_match',
            '{:.2%}'),

@@ -1,0 +1,79 @@
+"""The main job end to end on a tiny corpus, and validate.py's interface."""
+
+import dataclasses
+import importlib.util
+import json
+import os
+
+import pytest
+
+from trax_qkv import evaluation
+from trax_qkv import validation
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _validate_script():
+  spec = importlib.util.spec_from_file_location(
+      'validate', os.path.join(ROOT, 'scripts', 'validate.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_help_documents_every_flag():
+  parser = _validate_script().build_parser()
+  help_text = parser.format_help()
+  for field in dataclasses.fields(validation.ValidationConfig):
+    if field.name in ('decode_batch_size', 'heatmap_sentences'):
+      continue  # fixed by the report layout, not flags
+    assert f'--{field.name}' in help_text, field.name
+  for action in parser._actions:  # pylint: disable=protected-access
+    assert action.help, action.option_strings
+
+
+def test_scores_use_sacrebleu():
+  perfect = evaluation.scores(['a small dog runs .'], ['a small dog runs .'])
+  assert perfect['bleu'] == pytest.approx(100.0)
+  assert perfect['exact_match'] == 1.0
+  cased = evaluation.scores(['A small dog runs .'], ['a small dog runs .'])
+  assert cased['bleu'] < 100.0 and cased['bleu_lowercase'] == pytest.approx(
+      100.0)
+  with pytest.raises(ValueError, match='1 hypotheses for 2 references'):
+    evaluation.scores(['x'], ['x', 'y'])
+
+
+def test_bad_config_is_rejected_before_any_work(tmp_path):
+  bad = validation.ValidationConfig(d_model=30, n_heads=4)
+  with pytest.raises(ValueError, match=r'd_model \(30\) must be divisible'):
+    validation.run_validation(bad, str(tmp_path / 'out'))
+  with pytest.raises(ValueError, match='implementation must be one of'):
+    validation.run_validation(
+        validation.ValidationConfig(implementations=('nope',)),
+        str(tmp_path / 'out'))
+  assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.slow
+def test_tiny_side_by_side_run_is_identical(tmp_path):
+  config = validation.ValidationConfig(
+      dataset='trax_qkv_numbers/tiny', data_dir=str(tmp_path / 'tfds'),
+      vocab_size=200, d_model=32, d_ff=64, n_layers=1, n_heads=4, steps=12,
+      eval_every=6, batch_size=16, beam_sentences=2, heatmap_sentences=2)
+  out = tmp_path / 'out'
+  summary = validation.run_validation(config, str(out), log=lambda _: None)
+  for name in ('report.md', 'summary.json', 'loss_curves.png',
+               'cross_attention_0.png', 'cross_attention_1.png',
+               'decodes_builtin.txt', 'decodes_plugin.txt'):
+    assert (out / name).stat().st_size > 0, name
+  assert json.loads((out / 'summary.json').read_text()) == json.loads(
+      json.dumps(summary, default=str))
+  assert summary['steps'] == 12
+  assert summary['max_loss_diff'] == 0.0
+  assert summary['identical_decodes'] == 1.0
+  for label in ('builtin', 'plugin'):
+    for key in ('bleu', 'bleu_lowercase', 'exact_match', 'final_loss',
+                'train_seconds'):
+      assert key in summary[label]
+  assert summary['builtin']['final_loss'] == summary['plugin']['final_loss']
+  assert 'Max |difference|' in (out / 'report.md').read_text()
