@@ -23,8 +23,7 @@ from trax.layers.research import sparsity
 
 from trax_qkv import attention_math
 from trax_qkv import checks
-
-IMPLEMENTATIONS = ('reference',)
+from trax_qkv import fast_attention
 
 
 @gin.configurable(module='trax_qkv', denylist=['mode'])
@@ -45,13 +44,16 @@ class PureAttention(base.Layer):
       dropout: rate in [0, 1) at which attention weights are dropped in
           'train' mode.
       mode: one of 'train', 'eval', 'predict', 'viz'.
-      implementation: which formulation of the math to run; 'reference' is
-          bit-identical to trax.layers.PureAttention.
+      implementation: which formulation of the math to run: 'reference'
+          (bit-identical to trax.layers.PureAttention), 'fused', 'chunked',
+          'cudnn' or 'auto'; see trax_qkv.fast_attention. 'viz' mode always
+          runs 'reference', the formulation that materialises the weights.
     """
     checks.check_n_heads(n_heads)
     checks.check_dropout(dropout)
     checks.check_mode(mode)
-    checks.check_choice('implementation', implementation, IMPLEMENTATIONS)
+    checks.check_choice('implementation', implementation,
+                        fast_attention.IMPLEMENTATIONS)
     super().__init__(n_in=4, n_out=2)
     self._n_heads = n_heads
     self._dropout = dropout
@@ -68,11 +70,16 @@ class PureAttention(base.Layer):
     checks.check_qkv_inputs(inputs, self._n_heads)
     q, k, v, mask = inputs
     dropout_rate = self._dropout if self._mode == 'train' else 0.0
-    activations, weights = attention_math.dot_product_attention(
-        q, k, v, mask, self._n_heads, dropout_rate=dropout_rate,
-        dropout_rng=self.rng)
-    if self._mode == 'viz':
-      self.state = weights
+    if self._implementation == 'reference' or self._mode == 'viz':
+      activations, weights = attention_math.dot_product_attention(
+          q, k, v, mask, self._n_heads, dropout_rate=dropout_rate,
+          dropout_rng=self.rng)
+      if self._mode == 'viz':
+        self.state = weights
+    else:
+      activations = fast_attention.attend(
+          q, k, v, mask, self._n_heads, dropout_rate=dropout_rate,
+          dropout_rng=self.rng, implementation=self._implementation)
     return activations, mask
 
 

@@ -1,0 +1,178 @@
+"""Every attention implementation against the reference (float32, 1e-5)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from trax import shapes
+
+import trax_qkv
+from trax_qkv import attention_math
+from trax_qkv import fast_attention
+from helpers import qkv_inputs
+
+RTOL = 1e-5
+FAST = ('fused', 'chunked', 'cudnn', 'auto')
+CASES = {
+    'padding': dict(lq=5, lk=7, pad_from=4),
+    'lq_ne_lk': dict(lq=11, lk=23, pad_from=9),
+    'partial_rows': dict(lq=6, lk=10, mask_shape='partial_rows'),
+    'one_head': dict(lq=5, lk=7, pad_from=2, n_heads=1),
+    'many_heads': dict(lq=5, lk=7, d=64, n_heads=16),
+    'batch1': dict(batch=1, lq=3, lk=13),
+}
+
+
+def _case(name, fully_masked_row=True):
+  kw = dict(batch=2, d=16, n_heads=4)
+  kw.update(CASES[name])
+  n_heads = kw.pop('n_heads')
+  q, k, v, mask = qkv_inputs(**kw)
+  if fully_masked_row and q.shape[0] > 1:
+    mask = mask.at[0].set(False)  # every key of example 0 masked
+  return n_heads, (q, k, v, mask)
+
+
+def _implementation(name):
+  if name == 'chunked':  # small blocks, so several blocks and a ragged last
+    return functools.partial(fast_attention.chunked_attention, block_size=4)
+  return functools.partial(fast_attention.attend, implementation=name)
+
+
+def _relative_error(x, reference):
+  return float(jnp.max(jnp.abs(x - reference)) /
+               jnp.maximum(jnp.max(jnp.abs(reference)), 1e-30))
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+@pytest.mark.parametrize('name', FAST)
+def test_forward_and_gradients_match_reference(case, name):
+  n_heads, (q, k, v, mask) = _case(case)
+  fast = _implementation(name)
+
+  def reference(q, k, v):
+    return attention_math.dot_product_attention(q, k, v, mask, n_heads)[0]
+
+  def candidate(q, k, v):
+    return fast(q, k, v, mask, n_heads)
+
+  assert _relative_error(candidate(q, k, v), reference(q, k, v)) < RTOL
+  cotangent = jax.random.normal(jax.random.PRNGKey(3), q.shape)
+  grads = [jax.grad(lambda *x, f=f: jnp.sum(f(*x) * cotangent),
+                    argnums=(0, 1, 2))(q, k, v)
+           for f in (reference, candidate)]
+  for g_candidate, g_reference in zip(grads[1], grads[0]):
+    assert _relative_error(g_candidate, g_reference) < RTOL
+
+
+def test_fully_masked_rows_match_trax():
+  """Trax weighs every key by 1 in a fully masked row; all paths agree."""
+  n_heads, (q, k, v, mask) = _case('padding')
+  ref = attention_math.dot_product_attention(q, k, v, mask, n_heads)[0]
+  v_heads = attention_math.split_heads(v[:1], n_heads)
+  expected = attention_math.merge_heads(
+      jnp.broadcast_to(v_heads.sum(axis=2, keepdims=True),
+                       (1, n_heads, q.shape[1], v_heads.shape[-1])))
+  np.testing.assert_allclose(ref[:1], expected, rtol=1e-5, atol=1e-5)
+  for name in FAST:
+    out = _implementation(name)(q, k, v, mask, n_heads)
+    assert _relative_error(out, ref) < RTOL
+
+
+def test_fused_dropout_uses_the_reference_masks():
+  n_heads, (q, k, v, mask) = _case('padding', fully_masked_row=False)
+  rng = jax.random.PRNGKey(11)
+  ref = attention_math.dot_product_attention(q, k, v, mask, n_heads, 0.3,
+                                             rng)[0]
+  fused = fast_attention.fused_attention(q, k, v, mask, n_heads, 0.3, rng)
+  assert _relative_error(fused, ref) < RTOL
+
+
+def test_chunked_dropout_keeps_expectation():
+  """Per-block masks: other bits, but the same rate and an unbiased mean."""
+  n_heads, (q, k, v, mask) = _case('lq_ne_lk', fully_masked_row=False)
+  no_dropout = fast_attention.chunked_attention(q, k, v, mask, n_heads,
+                                                block_size=8)
+  samples = jax.jit(jax.vmap(
+      lambda rng: fast_attention.chunked_attention(
+          q, k, v, mask, n_heads, 0.2, rng, block_size=8)))(
+              jax.random.split(jax.random.PRNGKey(0), 300))
+  assert not np.allclose(samples[0], no_dropout)
+  np.testing.assert_allclose(samples.mean(0), no_dropout, atol=0.15)
+
+
+def test_auto_chooses_by_size_and_device():
+  q = jnp.zeros((1, 4096, 256))
+  assert fast_attention.choose_implementation(q, q, 8, 0.0) == 'chunked'
+  assert fast_attention.choose_implementation(q[:, :64], q[:, :64], 8,
+                                              0.0) == 'fused'
+
+
+@pytest.mark.parametrize('name', FAST)
+@pytest.mark.parametrize('mode,dropout', [('eval', 0.0), ('train', 0.1),
+                                          ('viz', 0.0)])
+def test_layer_uses_same_weights_and_matches(name, mode, dropout):
+  n_heads, x = _case('padding', fully_masked_row=False)
+  reference = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode=mode,
+                                    dropout=dropout)
+  fast = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode=mode,
+                               dropout=dropout, implementation=name)
+  rng = jax.random.PRNGKey(0)
+  w, s = reference.init(shapes.signature(x), rng=rng)
+  w_fast, s_fast = fast.init(shapes.signature(x), rng=rng)
+  for a, b in zip(jax.tree_util.tree_leaves((w, s)),
+                  jax.tree_util.tree_leaves((w_fast, s_fast))):
+    assert np.array_equal(a, b)
+  y_ref, s_ref = reference.pure_fn(x, w, s, rng)
+  y_fast, s_fast = fast.pure_fn(x, w, s, rng)
+  if mode == 'train' and name == 'chunked':
+    assert np.all(np.isfinite(y_fast[0]))  # other dropout bits, same rate
+  else:
+    assert _relative_error(y_fast[0], y_ref[0]) < RTOL
+  if mode == 'viz':  # viz runs the reference: weights are the state
+    for a, b in zip(jax.tree_util.tree_leaves(s_ref),
+                    jax.tree_util.tree_leaves(s_fast)):
+      assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize('name', FAST)
+def test_predict_with_kv_cache(name):
+  n_heads, (q, k, v, mask) = _case('padding', fully_masked_row=False)
+  eval_layer = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='eval',
+                                     implementation=name)
+  eval_layer.init(shapes.signature((q, k, v, mask)))
+  full, _ = eval_layer((q, k, v, mask))
+  layer = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='predict',
+                                cache_KV_in_predict=True, implementation=name)
+  _, state = layer.init(shapes.signature((q[:, :1], k, v, mask)))
+  weights = jax.tree_util.tree_unflatten(
+      jax.tree_util.tree_structure(layer.weights),
+      jax.tree_util.tree_leaves(eval_layer.weights))
+  for i in range(q.shape[1]):
+    y, state = layer.pure_fn((q[:, i:i + 1], k, v, mask), weights, state,
+                             jax.random.PRNGKey(0))
+    assert _relative_error(y[0][:, 0], full[:, i]) < RTOL
+
+
+@pytest.mark.parametrize('name', ('reference',) + FAST)
+@pytest.mark.parametrize('dtype,scale', [(jnp.float32, 1e4),
+                                         (jnp.bfloat16, 1.0)])
+def test_large_and_bf16_inputs_stay_finite(name, dtype, scale):
+  n_heads, (q, k, v, mask) = _case('padding')
+  q, k, v = (x.astype(dtype) * scale for x in (q, k, v))
+  f = (lambda *a: attention_math.dot_product_attention(*a, mask, n_heads)[0]
+       ) if name == 'reference' else (
+           lambda *a: _implementation(name)(*a, mask, n_heads))
+  out = f(q, k, v)
+  grads = jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32)),
+                   argnums=(0, 1, 2))(q, k, v)
+  assert np.all(np.isfinite(np.asarray(out, np.float32)))
+  for g in grads:
+    assert np.all(np.isfinite(np.asarray(g, np.float32)))
+
+
+def test_unknown_implementation():
+  with pytest.raises(ValueError, match=r"implementation must be one of .*'chunked'.*got 'flash'"):
+    trax_qkv.AttentionQKV(16, implementation='flash')

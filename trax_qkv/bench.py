@@ -1,0 +1,286 @@
+"""Benchmarks against the built-in tl.AttentionQKV, measured in one run.
+
+Every number that is compared is measured in the same process, interleaved
+(one call of each contender per round, after warm-up), and summarised by its
+median; memory is XLA's own accounting of the compiled program's temporary
+buffers (`memory_analysis()`), which is what the O(Lq*Lk) logits occupy.
+"""
+
+import functools
+import itertools
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import trax
+from trax import layers as tl
+from trax import shapes
+from trax.supervised import training
+
+import trax_qkv
+
+LAYER_SHAPES = ((32, 64, 64, 256, 8), (8, 256, 256, 256, 8),
+                (4, 1024, 1024, 256, 8), (1, 4096, 4096, 256, 8))
+CROSS_SHAPE = (4, 64, 8192, 256, 8)  # (batch, Lq, Lk, d_model, heads)
+BUILTIN = 'builtin'
+
+
+def contenders():
+  """name -> factory(d_model, n_heads, mode) of the layers compared."""
+  out = {BUILTIN: lambda d, h, mode: tl.AttentionQKV(d, n_heads=h, mode=mode)}
+  names = ['reference', 'fused', 'chunked', 'auto']
+  if jax.default_backend() == 'gpu':
+    names.insert(3, 'cudnn')
+  for name in names:
+    out[name] = functools.partial(
+        lambda d, h, mode, impl: trax_qkv.AttentionQKV(
+            d, n_heads=h, mode=mode, implementation=impl), impl=name)
+  return out
+
+
+def _block(x):
+  return jax.tree_util.tree_map(lambda a: a.block_until_ready(), x)
+
+
+def interleaved_medians(fns, rounds, warmup=1):
+  """{name: median seconds} of zero-argument callables, run round-robin."""
+  for fn in fns.values():
+    for _ in range(warmup):
+      _block(fn())
+  times = {name: [] for name in fns}
+  for _ in range(rounds):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      _block(fn())
+      times[name].append(time.perf_counter() - start)
+  return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def matmul_gflops(n=2048, rounds=5):
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x, y: x @ y)
+  seconds = interleaved_medians({'matmul': lambda: f(a, a)}, rounds)['matmul']
+  return 2 * n ** 3 / seconds / 1e9
+
+
+def attention_flops(batch, lq, lk, d):
+  """Forward FLOPs of AttentionQKV: 4 projections and the two batched matmuls."""
+  projections = 2 * batch * d * d * (2 * lq + 2 * lk)
+  return projections + 4 * batch * lq * lk * d
+
+
+def _layer_inputs(batch, lq, lk, d, dtype=jnp.float32):
+  keys = jax.random.split(jax.random.PRNGKey(0), 3)
+  q = jax.random.normal(keys[0], (batch, lq, d), dtype)
+  kv = jax.random.normal(keys[1], (batch, lk, d), dtype)
+  mask = jnp.ones((batch, 1, 1, lk), bool).at[:, ..., lk - lk // 8:].set(False)
+  return q, kv, kv, mask
+
+
+def _compiled(layer, x, backward):
+  """(jitted fn of (weights, x), its compiled memory in bytes)."""
+  weights, state = layer.init(shapes.signature(x), rng=jax.random.PRNGKey(0))
+  rng = jax.random.PRNGKey(1)
+
+  def forward(weights, x):
+    return layer.pure_fn(x, weights, state, rng)[0][0]
+
+  def forward_backward(weights, x):
+    loss = lambda w, q, k, v: jnp.sum(forward(w, (q, k, v, x[3])))
+    return jax.grad(loss, argnums=(0, 1, 2, 3))(weights, *x[:3])
+
+  fn = jax.jit(forward_backward if backward else forward)
+  compiled = fn.lower(weights, x).compile()
+  memory = compiled.memory_analysis()
+  temp = getattr(memory, 'temp_size_in_bytes', None) if memory else None
+  return (lambda: compiled(weights, x)), temp
+
+
+def bench_layer_shape(batch, lq, lk, d, heads, rounds):
+  """Forward and forward+backward times and memory of every contender."""
+  x = _layer_inputs(batch, lq, lk, d)
+  result = {}
+  for backward in (False, True):
+    key = 'fwd_bwd' if backward else 'fwd'
+    fns, memory = {}, {}
+    for name, factory in contenders().items():
+      fns[name], memory[name] = _compiled(factory(d, heads, 'eval'), x,
+                                          backward)
+    seconds = interleaved_medians(fns, rounds)
+    for name in fns:
+      result.setdefault(name, {})[f'{key}_ms'] = seconds[name] * 1e3
+      result[name][f'{key}_temp_mb'] = (memory[name] / 2**20
+                                        if memory[name] is not None else None)
+  flops = attention_flops(batch, lq, lk, d)
+  for name in result:
+    result[name]['fwd_gflops'] = flops / (result[name]['fwd_ms'] / 1e3) / 1e9
+  return result
+
+
+def _small_transformer(cross_attention, mode, vocab=512):
+  return trax_qkv.CrossAttentionTransformer(
+      vocab, d_model=128, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
+      n_heads=4, max_len=128, dropout=0.1, mode=mode,
+      cross_attention=cross_attention)
+
+
+def _cross_attention_name(implementation):
+  """Registers (once) the plugin with a given implementation for Transformers."""
+  if implementation == BUILTIN:
+    return 'trax'
+  name = f'trax_qkv_{implementation}'
+  if name not in trax_qkv.cross_attention_implementations():
+    trax_qkv.register_cross_attention(name, functools.partial(
+        trax_qkv.AttentionQKV, implementation=implementation))
+  return name
+
+
+def decoding_tokens_per_second(implementations, batch=32, src_len=32,
+                               steps=32, rounds=3):
+  """Greedy predict-mode decoding of a small Transformer, tokens/s."""
+  src = np.random.RandomState(0).randint(2, 512, (batch, src_len)).astype(
+      np.int32)
+  fns = {}
+  for impl in implementations:
+    model = _small_transformer(_cross_attention_name(impl), 'predict')
+    model.init(shapes.signature((src, src[:, :1])),
+               rng=jax.random.PRNGKey(0))
+    step = jax.jit(model.pure_fn)
+    weights, initial_state = model.weights, model.state
+
+    def decode(step=step, weights=weights, initial_state=initial_state):
+      state, token, out = initial_state, jnp.zeros((batch, 1), jnp.int32), []
+      for _ in range(steps):
+        (logits, _), state = step((src, token), weights, state,
+                                  jax.random.PRNGKey(0))
+        token = jnp.argmax(logits[:, -1:], axis=-1).astype(jnp.int32)
+        out.append(token)
+      return jnp.concatenate(out, axis=1)
+    fns[impl] = decode
+  seconds = interleaved_medians(fns, rounds)
+  return {impl: batch * steps / s for impl, s in seconds.items()}
+
+
+def training_steps_per_second(implementations, steps=20, rounds=3,
+                              batch=64, length=24):
+  """training.Loop steps/s of the small translation Transformer."""
+  rs = np.random.RandomState(0)
+  src = rs.randint(1, 512, (batch, length)).astype(np.int32)
+  tgt = rs.randint(1, 512, (batch, length)).astype(np.int32)
+  batches = itertools.repeat((src, tgt, np.ones_like(tgt, np.float32)))
+  fns = {}
+  for impl in implementations:
+    task = training.TrainTask(batches, tl.WeightedCategoryCrossEntropy(),
+                              trax.optimizers.Adam(1e-3))
+    loop = training.Loop(_small_transformer(_cross_attention_name(impl),
+                                            'train'), task,
+                         eval_at=lambda _: False,
+                         checkpoint_at=lambda _: False)
+    fns[impl] = functools.partial(
+        lambda loop: (loop.run(steps), loop.model.weights)[1], loop)
+  seconds = interleaved_medians(fns, rounds)
+  return {impl: steps / s for impl, s in seconds.items()}
+
+
+def cudnn_tflops(length=4096, batch=1, d=256, heads=8, rounds=5):
+  """bf16 cuDNN vs reference on GPU: (TFLOP/s, ratio to reference)."""
+  x = _layer_inputs(batch, length, length, d, jnp.bfloat16)
+  fns = {}
+  for name in ('reference', 'cudnn'):
+    fns[name], _ = _compiled(trax_qkv.AttentionQKV(
+        d, n_heads=heads, mode='eval', implementation=name), x, False)
+  seconds = interleaved_medians(fns, rounds)
+  flops = attention_flops(batch, length, length, d)
+  return flops / seconds['cudnn'] / 1e12, seconds['reference'] / seconds[
+      'cudnn']
+
+
+def run(rounds=5, quick=False, log=print):
+  """All benchmarks; returns the results dict."""
+  layer_shapes = LAYER_SHAPES[:2] if quick else LAYER_SHAPES
+  cross = (1, 64, 1024, 256, 8) if quick else CROSS_SHAPE
+  results = {'device': jax.devices()[0].device_kind,
+             'backend': jax.default_backend(), 'rounds': rounds,
+             'matmul_gflops': matmul_gflops(1024 if quick else 2048, rounds)}
+  log(f"matmul: {results['matmul_gflops']:.1f} GFLOP/s")
+  results['layers'] = []
+  for shape in layer_shapes + (cross,):
+    batch, lq, lk, d, heads = shape
+    log(f'AttentionQKV batch {batch} Lq {lq} Lk {lk} d {d} heads {heads} ...')
+    timings = bench_layer_shape(batch, lq, lk, d, heads, rounds)
+    results['layers'].append({'shape': dict(batch=batch, lq=lq, lk=lk,
+                                            d_model=d, heads=heads),
+                              'cross': shape == cross, 'results': timings})
+    log(format_shape_row(results['layers'][-1]))
+  impls = [BUILTIN, 'reference', 'auto']
+  log('decoding ...')
+  results['decode_tokens_per_s'] = decoding_tokens_per_second(
+      impls, steps=8 if quick else 32, rounds=rounds)
+  log('training ...')
+  results['train_steps_per_s'] = training_steps_per_second(
+      impls, steps=5 if quick else 20, rounds=min(rounds, 3))
+  if jax.default_backend() == 'gpu':
+    results['cudnn_bf16_tflops'], results['cudnn_vs_reference'] = (
+        cudnn_tflops())
+  return results
+
+
+def format_shape_row(entry):
+  base = entry['results'][BUILTIN]
+  parts = []
+  for name, r in entry['results'].items():
+    parts.append(f"{name}: fwd {r['fwd_ms']:.1f} ms "
+                 f"(x{base['fwd_ms'] / r['fwd_ms']:.2f}), fwd+bwd "
+                 f"{r['fwd_bwd_ms']:.1f} ms "
+                 f"(x{base['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f})")
+  return '  ' + '\n  '.join(parts)
+
+
+def markdown(results):
+  """The README table: speed-ups are built-in time / contender time."""
+  names = list(results['layers'][0]['results'])
+  lines = [
+      f"Device: {results['device']} ({results['backend']}); medians of "
+      f"{results['rounds']} interleaved rounds; matmul "
+      f"{results['matmul_gflops']:.1f} GFLOP/s.", '',
+      '| batch, Lq, Lk, d, heads | pass | ' + ' | '.join(names) + ' |',
+      '|---|---|' + '---|' * len(names)]
+  for entry in results['layers']:
+    s = entry['shape']
+    label = f"{s['batch']}, {s['lq']}, {s['lk']}, {s['d_model']}, {s['heads']}"
+    base = entry['results'][BUILTIN]
+    for key, title in (('fwd', 'fwd'), ('fwd_bwd', 'fwd+bwd')):
+      cells = [f"{r[f'{key}_ms']:.1f} ms (x{base[f'{key}_ms'] / r[f'{key}_ms']:.2f})"
+               for r in entry['results'].values()]
+      lines.append(f'| {label} | {title} | ' + ' | '.join(cells) + ' |')
+    cells = [f"{r['fwd_bwd_temp_mb']:.0f} MB" if r['fwd_bwd_temp_mb'] is not None
+             else 'n/a' for r in entry['results'].values()]
+    lines.append(f'| {label} | fwd+bwd temp memory | ' + ' | '.join(cells) +
+                 ' |')
+    cells = [f"{r['fwd_gflops']:.1f} ({r['fwd_gflops'] / results['matmul_gflops']:.0%})"
+             for r in entry['results'].values()]
+    lines.append(f'| {label} | fwd GFLOP/s (% of matmul) | ' +
+                 ' | '.join(cells) + ' |')
+  for key, title in (('decode_tokens_per_s', 'greedy decoding, tokens/s'),
+                     ('train_steps_per_s', 'training.Loop, steps/s')):
+    base = results[key][BUILTIN]
+    lines += ['', f'{title}: ' + ', '.join(
+        f'{name} {v:.1f} (x{v / base:.2f})' for name, v in
+        results[key].items())]
+  if 'cudnn_bf16_tflops' in results:
+    lines += ['', f"cuDNN bf16 at length 4096: "
+              f"{results['cudnn_bf16_tflops']:.1f} TFLOP/s, "
+              f"x{results['cudnn_vs_reference']:.2f} vs 'reference'."]
+  return '\n'.join(lines) + '\n'
+
+
+def write(results, output_dir):
+  os.makedirs(output_dir, exist_ok=True)
+  with open(os.path.join(output_dir, 'bench.json'), 'w') as f:
+    json.dump(results, f, indent=2)
+  with open(os.path.join(output_dir, 'bench.md'), 'w') as f:
+    f.write(markdown(results))
+
