@@ -7,10 +7,11 @@ query row weigh every key by 1 in trax -- within float32 rounding, but not
 bit for bit. The layers use them when asked for through `implementation`:
 
   'reference'  attention_math: bit-identical to trax 1.4.1.
-  'fused'      heads stay in place (einsum over (batch, L, heads, d_head), no
-               transposes), 1/sqrt(d_head) folded into Q, softmax fused by XLA
-               into one pass over the logits.
-               Same dropout masks as the reference for the same rng.
+  'fused'      queries in blocks, 1/sqrt(d_head) folded into Q, mask, softmax
+               and the V product done per block while the block's logits are
+               in cache, and a hand-written backward pass that recomputes the
+               weights from the saved logsumexp: O(block * Lk) memory.
+               Dropout masks are drawn per query block (same rate, other bits).
   'chunked'    keys in blocks with an online softmax (lax.scan): memory
                O(Lq * block) instead of O(Lq * Lk), forward and backward.
                Dropout masks are drawn per block (same rate, other bits).
@@ -18,6 +19,8 @@ bit for bit. The layers use them when asked for through `implementation`:
                no attention dropout.
   'auto'       the best of these for the device, shapes, dtype and dropout.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -30,10 +33,12 @@ MASK_FILL = attention_math.MASK_FILL
 # Logit for key positions added to fill the last block: far below MASK_FILL,
 # so they get zero weight even in a fully masked row.
 _BLOCK_PAD_FILL = -1e30
-# 'auto' switches to 'chunked' when a (batch, heads, Lq, Lk) float32 array
-# would exceed this many bytes.
-CHUNKED_THRESHOLD_BYTES = 256 * 2**20
+# 'auto' runs 'chunked' (keys in blocks) when there are too few queries for
+# query blocks to help and the keys are this many or more.
+CHUNKED_MIN_KEYS = 4096
 DEFAULT_BLOCK_SIZE = 512
+# Queries per block in 'fused': (heads, 64, Lk) float32 logits stay in cache.
+DEFAULT_QUERY_BLOCK = 64
 
 
 def _heads(x, n_heads):
@@ -47,21 +52,122 @@ def _mask_bhqk(mask):
   return None if mask is None else mask.astype(bool)
 
 
+def _query_blocks(lq, block):
+  """Largest divisor of lq that is <= block (blocks must tile Lq exactly)."""
+  return max(d for d in range(1, min(block, lq) + 1) if lq % d == 0)
+
+
+def _blocked_logits(q_block, k, mask_block):
+  logits = jnp.einsum('bhqd,bhkd->bhqk', q_block, k)
+  return jnp.where(mask_block, logits, MASK_FILL)
+
+
+def _split_query_blocks(x, n, axis):
+  """Splits `axis` into n equal blocks, stacked on a new leading axis."""
+  shape = x.shape[:axis] + (n, x.shape[axis] // n) + x.shape[axis + 1:]
+  return jnp.moveaxis(x.reshape(shape), axis, 0)
+
+
+def _join_query_blocks(x, axis):
+  x = jnp.moveaxis(x, 0, axis)
+  return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
+
+
+def _keep_mask(rng, index, rate, shape):
+  return jax.random.bernoulli(jax.random.fold_in(rng, index), 1.0 - rate,
+                              shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _blocked_core(q, k, v, mask, rate, block, rng):
+  return _blocked_forward(q, k, v, mask, rate, block, rng)[0]
+
+
+def _blocked_forward(q, k, v, mask, rate, block, rng):
+  """q, k, v: (batch, heads, L, d_head), q already scaled."""
+  n_blocks = q.shape[2] // block
+  masks = _split_query_blocks(mask, n_blocks, 2) if mask.shape[2] > 1 else (
+      jnp.broadcast_to(mask[None], (n_blocks,) + mask.shape))
+
+  def one_block(x):
+    q_block, mask_block, index = x
+    logits = _blocked_logits(q_block, k, mask_block)
+    lse = logsumexp(logits, axis=-1, keepdims=True)
+    weights = jnp.exp(logits - lse)
+    if rate > 0.0:
+      weights = jnp.where(_keep_mask(rng, index, rate, weights.shape),
+                          weights / (1.0 - rate), 0.0)
+    return jnp.einsum('bhqk,bhkd->bhqd', weights, v), lse
+
+  out, lse = jax.lax.map(one_block, (_split_query_blocks(q, n_blocks, 2),
+                                     masks, jnp.arange(n_blocks)))
+  return _join_query_blocks(out, 2), (q, k, v, mask, lse, rng)
+
+
+def _blocked_backward(rate, block, residuals, d_out):
+  """Per query block: recompute the weights from the saved logsumexp."""
+  q, k, v, mask, lse, rng = residuals
+  n_blocks = q.shape[2] // block
+  masks = _split_query_blocks(mask, n_blocks, 2) if mask.shape[2] > 1 else (
+      jnp.broadcast_to(mask[None], (n_blocks,) + mask.shape))
+
+  def one_block(carry, x):
+    d_k, d_v = carry
+    q_block, mask_block, lse_block, d_out_block, index = x
+    weights = jnp.exp(_blocked_logits(q_block, k, mask_block) - lse_block)
+    d_weights = jnp.einsum('bhqd,bhkd->bhqk', d_out_block, v)
+    kept = weights
+    if rate > 0.0:
+      keep = _keep_mask(rng, index, rate, weights.shape)
+      kept = jnp.where(keep, weights / (1.0 - rate), 0.0)
+      d_weights = jnp.where(keep, d_weights / (1.0 - rate), 0.0)
+    d_v = d_v + jnp.einsum('bhqk,bhqd->bhkd', kept, d_out_block)
+    # Softmax backward; masked logits were constants, so they get no grad.
+    d_logits = weights * (d_weights - jnp.sum(d_weights * weights, axis=-1,
+                                              keepdims=True))
+    d_logits = jnp.where(mask_block, d_logits, 0.0)
+    d_q_block = jnp.einsum('bhqk,bhkd->bhqd', d_logits, k)
+    d_k = d_k + jnp.einsum('bhqk,bhqd->bhkd', d_logits, q_block)
+    return (d_k, d_v), d_q_block
+
+  (d_k, d_v), d_q = jax.lax.scan(
+      one_block, (jnp.zeros_like(k), jnp.zeros_like(v)),
+      (_split_query_blocks(q, n_blocks, 2), masks, lse,
+       _split_query_blocks(d_out, n_blocks, 2), jnp.arange(n_blocks)))
+  return _join_query_blocks(d_q, 2), d_k, d_v, None, None
+
+
+_blocked_core.defvjp(
+    lambda q, k, v, mask, rate, block, rng: _blocked_forward(
+        q, k, v, mask, rate, block, rng),
+    _blocked_backward)
+
+
 def fused_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
-                    dropout_rng=None):
-  """Multi-head attention without head transposes; see module docstring."""
-  qh, kh, vh = (_heads(x, n_heads) for x in (q, k, v))
+                    dropout_rng=None, block_size=DEFAULT_QUERY_BLOCK):
+  """Query-blocked attention with a hand-written backward pass.
+
+  1/sqrt(d_head) is folded into Q, and queries are processed in blocks so
+  that each block's (heads, block, Lk) logits are masked, soft-maxed and
+  multiplied with V while still in cache, instead of making several passes
+  over the whole (batch, heads, Lq, Lk) array. The backward pass recomputes
+  each block's weights from the saved logsumexp (as flash attention does)
+  rather than storing them. Dropout masks are drawn per query block.
+  """
+  block = _query_blocks(q.shape[1], block_size)
+  qh = attention_math.split_heads(q, n_heads)
   qh = qh * jnp.asarray(1.0 / jnp.sqrt(qh.shape[-1]), qh.dtype)
-  logits = jnp.einsum('bqhd,bkhd->bhqk', qh, kh)
-  if mask is not None:
-    logits = jnp.where(_mask_bhqk(mask), logits, MASK_FILL)
-  weights = jnp.exp(logits - logsumexp(logits, axis=-1, keepdims=True))
-  if dropout_rate > 0.0:
-    weights = attention_math.attention_dropout(weights, dropout_rate,
-                                               dropout_rng)
-  out = jnp.einsum('bhqk,bkhd->bqhd', weights, vh)
-  batch, lq = q.shape[:2]
-  return out.reshape((batch, lq, v.shape[-1])).astype(jnp.float32)
+  kh = attention_math.split_heads(k, n_heads)
+  vh = attention_math.split_heads(v, n_heads)
+  if mask is None:
+    mask = jnp.ones((1, 1, 1, k.shape[1]), bool)
+  mask = jnp.broadcast_to(mask.astype(bool),
+                          (q.shape[0], 1) + mask.shape[2:])
+  if dropout_rng is None:
+    dropout_rng = jax.random.PRNGKey(0)  # unused when dropout_rate == 0
+  out = _blocked_core(qh, kh, vh, mask, float(dropout_rate), block,
+                      dropout_rng)
+  return attention_math.merge_heads(out).astype(jnp.float32)
 
 
 def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
@@ -149,8 +255,10 @@ def choose_implementation(q, k, n_heads, dropout_rate):
   """What 'auto' runs for these inputs."""
   if cudnn_supported(q, dropout_rate):
     return 'cudnn'
-  logits_bytes = 4 * q.shape[0] * n_heads * q.shape[1] * k.shape[1]
-  return 'chunked' if logits_bytes > CHUNKED_THRESHOLD_BYTES else 'fused'
+  del n_heads
+  few_queries = q.shape[1] <= DEFAULT_QUERY_BLOCK
+  return 'chunked' if few_queries and k.shape[1] >= CHUNKED_MIN_KEYS else (
+      'fused')
 
 
 _FUNCTIONS = {
