@@ -225,6 +225,8 @@ def test_registry_accepts_user_layers_and_rejects_unknown_names():
     calls.append(kwargs)
     return tl.AttentionQKV(d_feature, **kwargs)
 
+  assert {'trax', 'trax_qkv', 'trax_qkv_fused', 'trax_qkv_chunked',
+          'trax_qkv_auto'} <= set(trax_qkv.cross_attention_implementations())
   trax_qkv.register_cross_attention('mine', my_attention)
   assert 'mine' in trax_qkv.cross_attention_implementations()
   trax_qkv.CrossAttentionTransformer(VOCAB, cross_attention='mine', **CONFIG)

@@ -128,14 +128,11 @@ def _small_transformer(cross_attention, mode, vocab=512):
 
 
 def _cross_attention_name(implementation):
-  """Registers (once) the plugin with a given implementation for Transformers."""
+  """Registry name of the Transformer cross-attention for a contender."""
   if implementation == BUILTIN:
     return 'trax'
-  name = f'trax_qkv_{implementation}'
-  if name not in trax_qkv.cross_attention_implementations():
-    trax_qkv.register_cross_attention(name, functools.partial(
-        trax_qkv.AttentionQKV, implementation=implementation))
-  return name
+  return 'trax_qkv' if implementation == 'reference' else (
+      f'trax_qkv_{implementation}')
 
 
 def decoding_tokens_per_second(implementations, batch=32, src_len=32,

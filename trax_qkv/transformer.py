@@ -9,6 +9,10 @@ dispatcher whose default, 'trax', returns the built-in layer unchanged. So
 importing trax_qkv changes no model; encoder self-attention and decoder causal
 attention are never touched.
 
+Registered: 'trax' (built-in), 'trax_qkv' (bit-identical reference) and
+'trax_qkv_fused', 'trax_qkv_chunked', 'trax_qkv_cudnn', 'trax_qkv_auto' (the
+fast paths of trax_qkv.fast_attention); `register_cross_attention` adds more.
+
 Select the plugin
   from gin:     trax_qkv.EncoderDecoderAttention.implementation = 'trax_qkv'
   from Python:  trax_qkv.CrossAttentionTransformer(vocab, ..., cross_attention='trax_qkv')
@@ -16,12 +20,14 @@ Select the plugin
 
 import contextlib
 import contextvars
+import functools
 import types
 
 import gin
 from trax import layers as tl
 from trax.models import transformer as trax_transformer
 
+from trax_qkv import fast_attention
 from trax_qkv import layers
 
 _REGISTRY = {}
@@ -131,6 +137,10 @@ class _LayersWithPluggableCrossAttention(types.ModuleType):
 
 register_cross_attention('trax', tl.AttentionQKV)
 register_cross_attention('trax_qkv', layers.AttentionQKV)
+for _name in fast_attention.IMPLEMENTATIONS:
+  if _name != 'reference':  # 'trax_qkv' is the reference implementation
+    register_cross_attention(f'trax_qkv_{_name}', functools.partial(
+        layers.AttentionQKV, implementation=_name))
 
 # trax.models.transformer uses tl.AttentionQKV only for cross-attention.
 if not isinstance(trax_transformer.tl, _LayersWithPluggableCrossAttention):

@@ -26,7 +26,7 @@ from trax_qkv import evaluation
 from trax_qkv import transformer
 from trax_qkv.training import check_output_dir
 
-NAMES = {'trax': 'builtin', 'trax_qkv': 'plugin'}
+NAMES = {'trax': 'builtin', 'trax_qkv': 'plugin'}  # report labels
 
 
 @dataclasses.dataclass
