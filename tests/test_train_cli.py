@@ -42,13 +42,18 @@ def _clear_gin():
   gin.clear_config()
 
 
-@pytest.mark.parametrize('config', ['builtin.gin', 'plugin.gin'])
-def test_every_config_parses(config):
+@pytest.mark.parametrize('config,implementation', [
+    ('builtin.gin', 'trax'), ('plugin.gin', 'trax_qkv'),
+    ('multi30k.gin', 'trax_qkv'), ('transformer_base.gin', None)])
+def test_every_config_parses(config, implementation):
+  assert sorted(f for f in os.listdir(CONFIGS) if f.endswith('.gin')) == [
+      'builtin.gin', 'multi30k.gin', 'plugin.gin', 'transformer_base.gin']
   gin.clear_config()
   training.parse_configs([os.path.join(CONFIGS, config)])
-  expected = {'builtin.gin': 'trax', 'plugin.gin': 'trax_qkv'}[config]
-  assert gin.query_parameter(
-      'trax_qkv.EncoderDecoderAttention.implementation') == expected
+  if implementation:
+    assert gin.query_parameter(
+        'trax_qkv.EncoderDecoderAttention.implementation') == implementation
+  assert gin.query_parameter('train.steps') > 0
 
 
 @pytest.mark.parametrize('config', ['builtin.gin', 'plugin.gin'])
