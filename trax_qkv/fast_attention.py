@@ -73,6 +73,13 @@ def _join_query_blocks(x, axis):
   return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
 
 
+def _mask_blocks(mask, n_blocks):
+  """(batch, 1, Lq|1, Lk) mask -> one mask per query block, stacked."""
+  if mask.shape[2] > 1:
+    return _split_query_blocks(mask, n_blocks, 2)
+  return jnp.broadcast_to(mask[None], (n_blocks,) + mask.shape)
+
+
 def _keep_mask(rng, index, rate, shape):
   return jax.random.bernoulli(jax.random.fold_in(rng, index), 1.0 - rate,
                               shape)
@@ -86,8 +93,7 @@ def _blocked_core(q, k, v, mask, rate, block, rng):
 def _blocked_forward(q, k, v, mask, rate, block, rng):
   """q, k, v: (batch, heads, L, d_head), q already scaled."""
   n_blocks = q.shape[2] // block
-  masks = _split_query_blocks(mask, n_blocks, 2) if mask.shape[2] > 1 else (
-      jnp.broadcast_to(mask[None], (n_blocks,) + mask.shape))
+  masks = _mask_blocks(mask, n_blocks)
 
   def one_block(x):
     q_block, mask_block, index = x
@@ -108,8 +114,7 @@ def _blocked_backward(rate, block, residuals, d_out):
   """Per query block: recompute the weights from the saved logsumexp."""
   q, k, v, mask, lse, rng = residuals
   n_blocks = q.shape[2] // block
-  masks = _split_query_blocks(mask, n_blocks, 2) if mask.shape[2] > 1 else (
-      jnp.broadcast_to(mask[None], (n_blocks,) + mask.shape))
+  masks = _mask_blocks(mask, n_blocks)
 
   def one_block(carry, x):
     d_k, d_v = carry
