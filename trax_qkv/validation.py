@@ -257,6 +257,8 @@ def run_validation(config, output_dir, log=print):
     histories[label] = loop.step_losses
     checkpoint = os.path.join(run_dir, 'model.pkl.gz')
     batch = min(config.decode_batch_size, len(source_ids))
+    log(f'decoding {len(source_ids)} test sentences (greedy, batches of '
+        f'{batch}) ...')
     start = time.time()
     ids = evaluation.greedy_decode(
         evaluation.predict_model(model_fn, checkpoint, batch, source_length),
@@ -265,6 +267,7 @@ def run_validation(config, output_dir, log=print):
     hypotheses = [vocab.decode(h) for h in ids]
     decodes[label] = hypotheses
     n_beam = min(config.beam_sentences, len(source_ids))
+    log(f'beam search ({config.n_beams} beams) on {n_beam} sentences ...')
     beam = [vocab.decode(h) for h in evaluation.beam_decode(
         evaluation.predict_model(model_fn, checkpoint, 1, source_length),
         source_ids[:n_beam], source_length, config.n_beams, decode_length)]
