@@ -52,7 +52,7 @@ def _mask_bhqk(mask):
   return None if mask is None else mask.astype(bool)
 
 
-def _query_blocks(lq, block):
+def _query_block_size(lq, block):
   """Largest divisor of lq that is <= block (blocks must tile Lq exactly)."""
   return max(d for d in range(1, min(block, lq) + 1) if lq % d == 0)
 
@@ -62,13 +62,13 @@ def _blocked_logits(q_block, k, mask_block):
   return jnp.where(mask_block, logits, MASK_FILL)
 
 
-def _split_query_blocks(x, n, axis):
+def _split_query_block_size(x, n, axis):
   """Splits `axis` into n equal blocks, stacked on a new leading axis."""
   shape = x.shape[:axis] + (n, x.shape[axis] // n) + x.shape[axis + 1:]
   return jnp.moveaxis(x.reshape(shape), axis, 0)
 
 
-def _join_query_blocks(x, axis):
+def _join_query_block_size(x, axis):
   x = jnp.moveaxis(x, 0, axis)
   return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
 
@@ -76,7 +76,7 @@ def _join_query_blocks(x, axis):
 def _mask_blocks(mask, n_blocks):
   """(batch, 1, Lq|1, Lk) mask -> one mask per query block, stacked."""
   if mask.shape[2] > 1:
-    return _split_query_blocks(mask, n_blocks, 2)
+    return _split_query_block_size(mask, n_blocks, 2)
   return jnp.broadcast_to(mask[None], (n_blocks,) + mask.shape)
 
 
@@ -105,9 +105,9 @@ def _blocked_forward(q, k, v, mask, rate, block, rng):
                           weights / (1.0 - rate), 0.0)
     return jnp.einsum('bhqk,bhkd->bhqd', weights, v), lse
 
-  out, lse = jax.lax.map(one_block, (_split_query_blocks(q, n_blocks, 2),
+  out, lse = jax.lax.map(one_block, (_split_query_block_size(q, n_blocks, 2),
                                      masks, jnp.arange(n_blocks)))
-  return _join_query_blocks(out, 2), (q, k, v, mask, lse, rng)
+  return _join_query_block_size(out, 2), (q, k, v, mask, lse, rng)
 
 
 def _blocked_backward(rate, block, residuals, d_out):
@@ -137,9 +137,9 @@ def _blocked_backward(rate, block, residuals, d_out):
 
   (d_k, d_v), d_q = jax.lax.scan(
       one_block, (jnp.zeros_like(k), jnp.zeros_like(v)),
-      (_split_query_blocks(q, n_blocks, 2), masks, lse,
-       _split_query_blocks(d_out, n_blocks, 2), jnp.arange(n_blocks)))
-  return _join_query_blocks(d_q, 2), d_k, d_v, None, None
+      (_split_query_block_size(q, n_blocks, 2), masks, lse,
+       _split_query_block_size(d_out, n_blocks, 2), jnp.arange(n_blocks)))
+  return _join_query_block_size(d_q, 2), d_k, d_v, None, None
 
 
 _blocked_core.defvjp(
@@ -159,7 +159,7 @@ def fused_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
   each block's weights from the saved logsumexp (as flash attention does)
   rather than storing them. Dropout masks are drawn per query block.
   """
-  block = _query_blocks(q.shape[1], block_size)
+  block = _query_block_size(q.shape[1], block_size)
   qh = attention_math.split_heads(q, n_heads)
   qh = qh * jnp.asarray(1.0 / jnp.sqrt(qh.shape[-1]), qh.dtype)
   kh = attention_math.split_heads(k, n_heads)
