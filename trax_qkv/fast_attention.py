@@ -62,13 +62,13 @@ def _blocked_logits(q_block, k, mask_block):
   return jnp.where(mask_block, logits, MASK_FILL)
 
 
-def _split_query_block_size(x, n, axis):
+def _split_query_blocks(x, n, axis):
   """Splits `axis` into n equal blocks, stacked on a new leading axis."""
   shape = x.shape[:axis] + (n, x.shape[axis] // n) + x.shape[axis + 1:]
   return jnp.moveaxis(x.reshape(shape), axis, 0)
 
 
-def _join_query_block_size(x, axis):
+def _join_query_blocks(x, axis):
   x = jnp.moveaxis(x, 0, axis)
   return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
 
@@ -76,7 +76,7 @@ def _join_query_block_size(x, axis):
 def _mask_blocks(mask, n_blocks):
   """(batch, 1, Lq|1, Lk) mask -> one mask per query block, stacked."""
   if mask.shape[2] > 1:
-    return _split_query_block_size(mask, n_blocks, 2)
+    return _split_query_blocks(mask, n_blocks, 2)
   return jnp.broadcast_to(mask[None], (n_blocks,) + mask.shape)
 
 
@@ -105,9 +105,9 @@ def _blocked_forward(q, k, v, mask, rate, block, rng):
                           weights / (1.0 - rate), 0.0)
     return jnp.einsum('bhqk,bhkd->bhqd', weights, v), lse
 
-  out, lse = jax.lax.map(one_block, (_split_query_block_size(q, n_blocks, 2),
+  out, lse = jax.lax.map(one_block, (_split_query_blocks(q, n_blocks, 2),
                                      masks, jnp.arange(n_blocks)))
-  return _join_query_block_size(out, 2), (q, k, v, mask, lse, rng)
+  return _join_query_blocks(out, 2), (q, k, v, mask, lse, rng)
 
 
 def _blocked_backward(rate, block, residuals, d_out):
@@ -137,9 +137,9 @@ def _blocked_backward(rate, block, residuals, d_out):
 
   (d_k, d_v), d_q = jax.lax.scan(
       one_block, (jnp.zeros_like(k), jnp.zeros_like(v)),
-      (_split_query_block_size(q, n_blocks, 2), masks, lse,
-       _split_query_block_size(d_out, n_blocks, 2), jnp.arange(n_blocks)))
-  return _join_query_block_size(d_q, 2), d_k, d_v, None, None
+      (_split_query_blocks(q, n_blocks, 2), masks, lse,
+       _split_query_blocks(d_out, n_blocks, 2), jnp.arange(n_blocks)))
+  return _join_query_blocks(d_q, 2), d_k, d_v, None, None
 
 
 _blocked_core.defvjp(
