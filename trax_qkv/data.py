@@ -215,14 +215,6 @@ def parallel_text_dataset(directory, src, tgt):
 
 # ---------------------------------------------------------------- pipeline
 
-def _train_texts(dataset_name, keys, data_dir):
-  ds = tfds.load(dataset_name, split='train', data_dir=data_dir,
-                 shuffle_files=False)
-  for example in tfds.as_numpy(ds):
-    for key in keys:
-      yield example[key].decode('utf-8')
-
-
 def vocab_path(dataset_name, keys, target_size, data_dir=None):
   """Where the vocabulary for these settings is cached: (dir, file)."""
   data_dir = data_dir or DEFAULT_DATA_DIR
@@ -238,7 +230,8 @@ def build_vocab(dataset_name, keys, target_size, data_dir=None):
   path = os.path.join(vocab_dir, vocab_file)
   if not os.path.exists(path):
     encoder = text_encoder.SubwordTextEncoder.build_from_generator(
-        _train_texts(dataset_name, keys, data_dir or DEFAULT_DATA_DIR),
+        (text for pair in load_split(dataset_name, 'train', keys, data_dir)
+         for text in pair),
         target_size, max_subtoken_length=12)
     os.makedirs(vocab_dir, exist_ok=True)
     tmp = path + '.tmp'
@@ -339,7 +332,11 @@ def TranslationInputs(data=None,  # pylint: disable=invalid-name
 
 
 def load_split(dataset_name, split, keys, data_dir=None):
-  """All (source, target) string pairs of one split, in file order."""
+  """All (source, target) string pairs of one split.
+
+  The order is the prepared data set's (TFDS shuffles examples when it
+  writes them): the same on every call, not the source files' line order.
+  """
   ds = tfds.load(dataset_name, split=split, data_dir=data_dir or
                  DEFAULT_DATA_DIR, shuffle_files=False)
   return [(ex[keys[0]].decode('utf-8'), ex[keys[1]].decode('utf-8'))
