@@ -1,5 +1,6 @@
 """Shared test helpers: random attention inputs, tree comparisons, data paths."""
 
+import importlib.util
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -9,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-SHARED_DATA = os.path.join(os.path.dirname(__file__), '..', '..', 'shared',
-                           'data')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.path.join(ROOT, '..', 'shared', 'data')
 
 
 def qkv_inputs(batch=2, lq=5, lk=7, d=16, d_k=None, d_v=None, seed=0,
@@ -48,3 +49,12 @@ def require_shared_data(name):
     pytest.skip(f'{path} is absent: the shared {name} data set is only '
                 'available beside the project checkout (../shared/data).')
   return path
+
+
+def load_script(name):
+  """scripts/{name}.py as a module, so tests call its main() in-process."""
+  spec = importlib.util.spec_from_file_location(
+      name, os.path.join(ROOT, 'scripts', f'{name}.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

@@ -1,6 +1,5 @@
 """scripts/train.py: trains from configs/, resumes, rejects bad input early."""
 
-import importlib.util
 import os
 
 import gin
@@ -8,20 +7,12 @@ import pytest
 from trax.supervised import training as trax_training
 
 from trax_qkv import training
+from helpers import ROOT, load_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, 'configs')
 
 
-def _load_script(name):
-  spec = importlib.util.spec_from_file_location(
-      name, os.path.join(ROOT, 'scripts', f'{name}.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-train_script = _load_script('train')
+train_script = load_script('train')
 
 
 def _tiny_bindings(tfds_dir, steps):

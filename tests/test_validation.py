@@ -1,28 +1,17 @@
 """The main job end to end on a tiny corpus, and validate.py's interface."""
 
 import dataclasses
-import importlib.util
 import json
-import os
 
 import pytest
 
 from trax_qkv import evaluation
 from trax_qkv import validation
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _validate_script():
-  spec = importlib.util.spec_from_file_location(
-      'validate', os.path.join(ROOT, 'scripts', 'validate.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from helpers import load_script
 
 
 def test_help_documents_every_flag():
-  parser = _validate_script().build_parser()
+  parser = load_script('validate').build_parser()
   help_text = parser.format_help()
   for field in dataclasses.fields(validation.ValidationConfig):
     if field.name in ('decode_batch_size', 'heatmap_sentences'):
