@@ -12,6 +12,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(ROOT, '..', 'shared', 'data')
+CONFIGS = os.path.join(ROOT, 'configs')
 
 
 def qkv_inputs(batch=2, lq=5, lk=7, d=16, d_k=None, d_v=None, seed=0,
@@ -58,3 +59,16 @@ def load_script(name):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def tiny_train_bindings(tfds_dir, steps, eval_frequency=5, d_model=32):
+  """gin bindings for a seconds-long scripts/train.py run on tiny numbers."""
+  return [
+      "trax_qkv.data.translation_data.dataset = 'trax_qkv_numbers/tiny'",
+      f"trax_qkv.data.translation_data.data_dir = '{tfds_dir}'",
+      'trax_qkv.data.translation_data.vocab_size = 200',
+      f'Transformer.d_model = {d_model}', f'Transformer.d_ff = {2 * d_model}',
+      'Transformer.n_encoder_layers = 1', 'Transformer.n_decoder_layers = 1',
+      f'train.steps = {steps}', f'train.eval_frequency = {eval_frequency}',
+      'train.eval_steps = 1',
+  ]

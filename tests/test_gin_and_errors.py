@@ -10,12 +10,6 @@ import trax_qkv
 from helpers import qkv_inputs
 
 
-@pytest.fixture(autouse=True)
-def _clear_gin():
-  gin.clear_config()
-  yield
-  gin.clear_config()
-
 
 @gin.configurable
 def layer_holder(layer=gin.REQUIRED):

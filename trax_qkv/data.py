@@ -286,17 +286,48 @@ def translation_vocab_size(data=None):
   return (data or translation_data()).vocab().vocab_size
 
 
+def SeededShuffle(queue_size, seed):  # pylint: disable=invalid-name
+  """`trax.data.Shuffle` drawing from its own `RandomState(seed)`.
+
+  Trax's shuffle draws from NumPy's global generator, which Loop seeds only
+  after the first batch was drawn and which anything else may advance; a
+  stream must replay exactly for a resumed run to read the same batches.
+  Same algorithm and draws as `trax.data.inputs.shuffle` after
+  `np.random.seed(seed)`.
+  """
+  if queue_size < 1:
+    raise ValueError(f'shuffle queue_size must be >= 1; got {queue_size}.')
+
+  def shuffle(samples):
+    rng = np.random.RandomState(seed)
+    queue = []
+    for sample in samples:
+      if len(queue) < queue_size:
+        queue.append(sample)
+        continue
+      i = rng.randint(queue_size)
+      yield queue[i]
+      queue[i] = sample
+    rng.shuffle(queue)
+    yield from queue
+  return shuffle
+
+
 @gin.configurable(module='trax_qkv.data')
 def TranslationInputs(data=None,  # pylint: disable=invalid-name
                       max_length=64,
                       batch_size=64,
                       eval_batch_size=None,
                       bucket_boundaries=(16, 32),
-                      shuffle_queue=2048):
+                      shuffle_queue=2048,
+                      seed=0):
   """`trax.data.inputs.Inputs` for translation from `keys[0]` to `keys[1]`.
 
   Pipeline per split: TFDS -> Tokenize (subwords) -> append EOS -> (shuffle)
-  -> FilterByLength -> BucketByLength -> AddLossWeights (padding masked).
+  -> FilterByLength -> BucketByLength -> AddLossWeights (padding masked)
+  -> CountAndSkip. Both streams are deterministic, and their `CountAndSkip`
+  counters, saved with each Loop checkpoint, let a resumed run continue
+  where the interrupted one was.
 
   Args:
     data: a TranslationData (default: gin's `translation_data()`).
@@ -306,6 +337,7 @@ def TranslationInputs(data=None,  # pylint: disable=invalid-name
     eval_batch_size: evaluation batch size (default: batch_size).
     bucket_boundaries: length boundaries of the buckets.
     shuffle_queue: size of the training shuffle buffer.
+    seed: seed of the training shuffle.
   """
   data = data or translation_data()
   n_buckets = len(bucket_boundaries) + 1
@@ -313,16 +345,17 @@ def TranslationInputs(data=None,  # pylint: disable=invalid-name
   def stream(train, batch):
     return trax.data.Serial(
         trax.data.TFDS(data.name, data_dir=data.data_dir, keys=data.keys,
-                       train=train, shuffle_train=train),
+                       train=train, shuffle_train=False),
         trax.data.Tokenize(keys=[0, 1], vocab_type='subword',
                            vocab_dir=data.vocab_dir,
                            vocab_file=data.vocab_file),
         trax.data.AppendValue(val={0: [EOS_ID], 1: [EOS_ID]}),
-        *([trax.data.Shuffle(shuffle_queue)] if train else []),
+        *([SeededShuffle(shuffle_queue, seed)] if train else []),
         trax.data.FilterByLength(max_length, length_keys=[0, 1]),
         trax.data.BucketByLength(list(bucket_boundaries),
                                  [batch] * n_buckets, length_keys=[0, 1]),
         trax.data.AddLossWeights(id_to_mask=0),
+        trax.data.CountAndSkip('trax_qkv_train' if train else 'trax_qkv_eval'),
     )
 
   train_stream = stream(True, batch_size)

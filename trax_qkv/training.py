@@ -3,16 +3,20 @@
 `python -m trax.trainer` no longer imports on current JAX; this is the same
 job: parse gin files and bindings, then `trax.supervised.trainer_lib.train`,
 which trains with `training.Loop` and resumes from the checkpoint in
-`output_dir` when one is there. Everything that can be wrong with the
-command line is checked before any training or writing.
+`output_dir` when one is there. Here it builds a `ResumableLoop` (a Loop
+whose checkpoints are atomic and resume exactly, see `checkpointing`).
+Everything that can be wrong with the command line is checked before any
+training or writing.
 """
 
+import contextlib
 import os
 
 import gin
 from trax.supervised import trainer_lib
 
 import trax_qkv  # pylint: disable=unused-import  (configurables for configs)
+from trax_qkv import checkpointing
 import trax_qkv.data  # pylint: disable=unused-import
 
 
@@ -58,4 +62,18 @@ def train_from_configs(config_files, bindings, output_dir):
   output_dir = check_output_dir(output_dir)
   gin.clear_config()
   parse_configs(config_files, bindings)
-  return trainer_lib.train(output_dir=output_dir)
+  checkpointing.reset_data_counters()
+  with _resumable_loop():
+    return trainer_lib.train(output_dir=output_dir)
+
+
+@contextlib.contextmanager
+def _resumable_loop():
+  """Makes `trainer_lib.train`, which calls `training.Loop(...)`, build a
+  `ResumableLoop` (for the duration of the call only)."""
+  loop_class = trainer_lib.training.Loop
+  trainer_lib.training.Loop = checkpointing.ResumableLoop
+  try:
+    yield
+  finally:
+    trainer_lib.training.Loop = loop_class

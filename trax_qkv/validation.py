@@ -21,12 +21,14 @@ from trax import shapes
 from trax.supervised import lr_schedules
 from trax.supervised import training
 
+from trax_qkv import checkpointing
 from trax_qkv import data as data_lib
 from trax_qkv import evaluation
 from trax_qkv import transformer
 from trax_qkv.training import check_output_dir
 
 NAMES = {'trax': 'builtin', 'trax_qkv': 'plugin'}  # report labels
+STEP_LOSS = 'metrics/step_loss'  # history entry: every step's training loss
 
 
 @dataclasses.dataclass
@@ -79,17 +81,21 @@ class ValidationConfig:
       transformer.resolve_cross_attention(name)
 
 
-class RecordingLoop(training.Loop):
-  """A training.Loop that keeps every step's training loss."""
+class RecordingLoop(checkpointing.ResumableLoop):
+  """A resumable training.Loop that keeps every step's training loss.
 
-  def __init__(self, *args, **kwargs):
-    super().__init__(*args, **kwargs)
-    self.step_losses = []
+  The losses live in the Loop's history, so checkpoints carry them and a
+  resumed run reports the whole curve.
+  """
 
   def _run_one_step(self, task_index, task_changed):
     loss, stats = super()._run_one_step(task_index, task_changed)
-    self.step_losses.append(float(loss))
+    self.history.append('train', STEP_LOSS, self.step, float(loss))
     return loss, stats
+
+  @property
+  def step_losses(self):
+    return [loss for _, loss in self.history.get('train', STEP_LOSS)]
 
 
 def _label(implementation):
@@ -107,7 +113,11 @@ def model_factory(config, vocab_size, implementation):
 
 def train_one(config, model_fn, train_batches, eval_batches, output_dir,
               log=print):
-  """Trains from `config.seed`; returns (loop, seconds)."""
+  """Trains from `config.seed`, or resumes; returns (loop, seconds).
+
+  Step s trains on `train_batches[s % len]` (entry 0 is TrainTask's shape
+  sample); a resumed run picks up at its checkpoint's step.
+  """
   # With rsqrt_decay, multifactor divides by sqrt(max(step, warmup)); scale
   # the constant so that `learning_rate` is the peak rate either way.
   peak = config.learning_rate * (
@@ -116,12 +126,15 @@ def train_one(config, model_fn, train_batches, eval_batches, output_dir,
   schedule = lr_schedules.multifactor(
       constant=peak, factors=config.lr_factors,
       warmup_steps=config.warmup_steps)
-  # TrainTask draws one batch up front as a shape sample; cycle to be safe.
-  task = training.TrainTask(itertools.cycle(train_batches),
+  checkpointing.finish_interrupted_save(output_dir)
+  done = checkpointing.checkpoint_step(output_dir)
+  task = training.TrainTask(itertools.islice(itertools.cycle(train_batches),
+                                             done + 1, None),
                             tl.WeightedCategoryCrossEntropy(
                                 label_smoothing=config.label_smoothing or None),
                             trax.optimizers.Adam(config.learning_rate),
-                            lr_schedule=schedule)
+                            lr_schedule=schedule,
+                            sample_batch=train_batches[0])
   eval_task = training.EvalTask(
       itertools.cycle(eval_batches),
       [tl.WeightedCategoryCrossEntropy(), tl.WeightedCategoryAccuracy()],
@@ -131,12 +144,13 @@ def train_one(config, model_fn, train_batches, eval_batches, output_dir,
       eval_tasks=[eval_task], output_dir=output_dir,
       random_seed=config.seed,
       eval_at=lambda step: step % config.eval_every == 0 or step == 1,
-      checkpoint_at=lambda step: step == config.steps)
+      checkpoint_at=lambda step: (step % config.eval_every == 0
+                                  or step == config.steps))
   start = time.time()
   loop.run(config.steps - loop.step)
   seconds = time.time() - start
-  log(f'trained {config.steps} steps in {seconds:.1f} s, final loss '
-      f'{loop.step_losses[-1]:.4f}')
+  log(f'trained steps {done + 1}-{config.steps} in {seconds:.1f} s, final '
+      f'loss {loop.step_losses[-1]:.4f}')
   return loop, seconds
 
 
@@ -233,8 +247,9 @@ def run_validation(config, output_dir, log=print):
                                    config.vocab_size)
   vocab = data.vocab()
   inputs = data_lib.TranslationInputs(data, max_length=config.max_length,
-                                      batch_size=config.batch_size)
-  np.random.seed(config.seed)  # trax.data.Shuffle draws from numpy
+                                      batch_size=config.batch_size,
+                                      seed=config.seed)
+  checkpointing.reset_data_counters()
   train_batches = list(itertools.islice(inputs.train_stream(1), config.steps))
   eval_batches = list(itertools.islice(inputs.eval_stream(1), 4))
   test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)

@@ -1,0 +1,143 @@
+"""Checkpoints that survive a kill and resume a `training.Loop` exactly.
+
+Trax's `training.Loop`, killed and restarted from its checkpoint, does not
+continue the run it interrupted:
+
+* it writes a checkpoint as several files in place (`model.pkl.gz`,
+  `model.weights.npy.gz`, `model.opt_slots0.npy.gz`, `data_counters0.pkl`),
+  so a kill during a write leaves a truncated file or a mix of two steps;
+* it does not save its random key, so a resumed run replays the dropout
+  keys of step 1;
+* at a step that is both a checkpoint and an eval step it saves *before* the
+  eval, so the checkpoint lacks that step's metrics and the eval's draws of
+  random keys and eval batches.
+
+`ResumableLoop` fixes the three: a checkpoint is written to a staging
+directory, committed by one atomic rename, then moved into place (a restart
+finishes an interrupted move first); the random key is part of it; and at
+eval steps it is written after the evals. The position in the data streams is
+Trax's own mechanism, `trax.data.CountAndSkip` counters saved with each
+checkpoint (the streams must be deterministic; `trax_qkv.data`'s are).
+"""
+
+import os
+import shutil
+
+import numpy as np
+import trax.data
+from trax.supervised import training
+
+RNG_SUFFIX = '.rng.npy'
+_STAGING = '.{}.staging'
+_COMMITTED = '.{}.committed'
+
+
+def finish_interrupted_save(output_dir):
+  """Moves a committed but not yet moved checkpoint into `output_dir`.
+
+  A commit is a complete checkpoint (the rename is the commit point); moving
+  its files one `os.replace` at a time is idempotent, so this completes a
+  move that a kill interrupted. Staging directories that were never
+  committed are incomplete and deleted.
+  """
+  if not os.path.isdir(output_dir):
+    return
+  for name in sorted(os.listdir(output_dir)):
+    path = os.path.join(output_dir, name)
+    if name.startswith('.') and name.endswith('.committed'):
+      for filename in sorted(os.listdir(path)):
+        os.replace(os.path.join(path, filename),
+                   os.path.join(output_dir, filename))
+      os.rmdir(path)
+    elif name.startswith('.') and name.endswith('.staging'):
+      shutil.rmtree(path)
+
+
+def checkpoint_step(output_dir, basename='model'):
+  """The step of the checkpoint in `output_dir` (0 when there is none)."""
+  path = os.path.join(output_dir, basename + '.pkl.gz')
+  if not os.path.exists(path):
+    return 0
+  return int(training.unpickle_from_file(path, gzip=True)['step'])
+
+
+def reset_data_counters():
+  """Forgets the data positions of an earlier run in this process.
+
+  Trax keeps `CountAndSkip` counters in one module-level dict; it is replaced
+  by the checkpoint's when a Loop resumes, but a new run in the same process
+  would otherwise skip what an earlier run read.
+  """
+  trax.data.inputs.data_counters = {}
+
+
+def _fsync_dir(path):
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+class ResumableLoop(training.Loop):
+  """`training.Loop` whose checkpoints are atomic and resume a run exactly.
+
+  Same constructor and behaviour as `training.Loop`; only when and how
+  checkpoints are written and what they hold differ (see the module doc).
+  """
+
+  def __init__(self, *args, output_dir=None, **kwargs):
+    if output_dir is not None:
+      finish_interrupted_save(os.path.expanduser(output_dir))
+    self._pending_checkpoints = []
+    self._evals_done_at = None
+    self._in_run = False
+    super().__init__(*args, output_dir=output_dir, **kwargs)
+
+  def run(self, n_steps=1):
+    self._in_run = True
+    try:
+      super().run(n_steps)
+    finally:
+      self._in_run = False
+
+  def run_evals(self, summary_writers=None):
+    super().run_evals(summary_writers)
+    self._evals_done_at = self.step
+    pending, self._pending_checkpoints = self._pending_checkpoints, []
+    for basename in pending:
+      self.save_checkpoint(basename)
+
+  def save_checkpoint(self, basename):
+    """Saves atomically; inside `run`, at an eval step, after the evals."""
+    if (self._in_run and self._eval_at(self.step)
+        and self._evals_done_at != self.step):
+      self._pending_checkpoints.append(basename)
+      return
+    if self._output_dir is None or not self.is_chief:
+      super().save_checkpoint(basename)
+      return
+    output_dir = self._output_dir
+    staging = os.path.join(output_dir, _STAGING.format(basename))
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    self._output_dir = staging  # Trax writes every file of it under here
+    try:
+      super().save_checkpoint(basename)
+    finally:
+      self._output_dir = output_dir
+    np.save(os.path.join(staging, basename + RNG_SUFFIX), np.asarray(self._rng))
+    for filename in os.listdir(staging):
+      with open(os.path.join(staging, filename), 'rb+') as f:
+        os.fsync(f.fileno())
+    _fsync_dir(staging)
+    os.rename(staging, os.path.join(output_dir, _COMMITTED.format(basename)))
+    _fsync_dir(output_dir)
+    finish_interrupted_save(output_dir)
+
+  def load_checkpoint(self, directory=None, filename=None):
+    super().load_checkpoint(directory, filename)
+    directory = directory or self._output_dir
+    rng_file = os.path.join(directory or '', (filename or 'model') + RNG_SUFFIX)
+    if directory is not None and os.path.exists(rng_file):
+      self._rng = np.load(rng_file)
