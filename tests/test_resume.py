@@ -186,6 +186,16 @@ def test_kill_after_commit_is_completed_on_restart(tmp_path, monkeypatch):
   assert np.array_equal(np.asarray(loop._rng), np.asarray(restarted._rng))  # pylint: disable=protected-access
 
 
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+  _tiny_loop(tmp_path).run(1)
+  wider = tl.Serial(tl.Dense(2))
+  wider.init(trax.shapes.ShapeDtype((4, 3)))
+  with pytest.raises(checkpointing.CheckpointMismatchError,
+                     match=r'weight #0 has shape \(3, 1\), the model '
+                           r'expects \(3, 2\)'):
+    checkpointing.check_checkpoint_fits(wider, str(tmp_path))
+
+
 # ------------------------------------------------------ data parallelism
 
 _TWO_DEVICE_RUNS = '''

@@ -1,6 +1,7 @@
 """scripts/train.py: trains from configs/, resumes, rejects bad input early."""
 
 import os
+import re
 
 import gin
 import pytest
@@ -46,6 +47,24 @@ def test_trains_and_resumes(tmp_path, config):
   # As in a fresh 8-step run: metrics at steps 1 and 5 (the step-5
   # checkpoint is written after its eval), none repeated.
   assert [step for step, _ in history] == [1, 5]
+
+
+def test_checkpoint_of_another_model_size(tmp_path, capsys):
+  out = tmp_path / 'run'
+
+  def argv(d_model):
+    bindings = _tiny_bindings(str(tmp_path / 'tfds'), 2, d_model=d_model)
+    return (['--config_file', os.path.join(CONFIGS, 'plugin.gin'),
+             '--output_dir', str(out)] + sum((['--config', b]
+                                              for b in bindings), []))
+  train_script.main(argv(32))
+  before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+  err = _cli_error(capsys, argv(64))
+  assert 'does not fit the model' in err
+  assert re.search(r'has shape \(\d+, 32\), the model expects \(\d+, 64\)',
+                   err)
+  assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == (
+      before)
 
 
 def _cli_error(capsys, argv):

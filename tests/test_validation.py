@@ -66,3 +66,9 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
       assert key in summary[label]
   assert summary['builtin']['final_loss'] == summary['plugin']['final_loss']
   assert 'Max |difference|' in (out / 'report.md').read_text()
+  # The same output_dir with another model size: refused, nothing touched.
+  before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+  with pytest.raises(ValueError, match=r'other settings \(d_model 32 -> 64\)'):
+    validation.run_validation(dataclasses.replace(config, d_model=64),
+                              str(out))
+  assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before

@@ -25,6 +25,7 @@ import shutil
 
 import numpy as np
 import trax.data
+from trax import layers as tl
 from trax.supervised import training
 
 RNG_SUFFIX = '.rng.npy'
@@ -69,6 +70,44 @@ def reset_data_counters():
   would otherwise skip what an earlier run read.
   """
   trax.data.inputs.data_counters = {}
+
+
+class CheckpointMismatchError(ValueError):
+  """The checkpoint to resume from was written by a different model."""
+
+
+def check_checkpoint_fits(model, directory, basename='model'):
+  """Raises CheckpointMismatchError unless the checkpoint's weights have the
+  shapes of `model`'s (initialized) weights, one by one.
+
+  Trax matches weights by shape and quietly keeps its fresh ones where none
+  fits, so resuming with another d_model or vocabulary would otherwise train
+  a half-restored model.
+  """
+  path = os.path.join(directory, basename)
+  if not os.path.exists(path + '.pkl.gz'):
+    return
+  meta = training.unpickle_from_file(path + '.pkl.gz', gzip=True)
+  saved = meta['flat_weights']
+  if isinstance(saved, int):  # stored in their own file, at that compression
+    saved = tl.np_from_file(path + '.weights.npy.gz', compresslevel=saved)
+  expected, _ = tl.flatten_weights_and_state(model.weights, model.state)
+  saved = [np.shape(w) for w in saved if w is not None]
+  expected = [np.shape(w) for w in expected if w is not None]
+  problem = None
+  if len(saved) != len(expected):
+    problem = (f'{len(saved)} weight arrays, the model has {len(expected)}')
+  else:
+    for i, (a, b) in enumerate(zip(saved, expected)):
+      if a != b:
+        problem = f'weight #{i} has shape {a}, the model expects {b}'
+        break
+  if problem:
+    raise CheckpointMismatchError(
+        f'checkpoint {path}.pkl.gz (step {meta["step"]}) does not fit the '
+        f'model: {problem}. It was written by a model of another size '
+        '(d_model, d_ff, layers, heads or vocabulary); resume with the same '
+        'settings, or train into a new output directory.')
 
 
 def _fsync_dir(path):
@@ -136,8 +175,10 @@ class ResumableLoop(training.Loop):
     finish_interrupted_save(output_dir)
 
   def load_checkpoint(self, directory=None, filename=None):
-    super().load_checkpoint(directory, filename)
     directory = directory or self._output_dir
+    if directory is not None:
+      check_checkpoint_fits(self._model, directory, filename or 'model')
+    super().load_checkpoint(directory, filename)
     rng_file = os.path.join(directory or '', (filename or 'model') + RNG_SUFFIX)
     if directory is not None and os.path.exists(rng_file):
       self._rng = np.load(rng_file)

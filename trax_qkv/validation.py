@@ -29,6 +29,10 @@ from trax_qkv.training import check_output_dir
 
 NAMES = {'trax': 'builtin', 'trax_qkv': 'plugin'}  # report labels
 STEP_LOSS = 'metrics/step_loss'  # history entry: every step's training loss
+RUN_CONFIG = 'validation_config.json'  # the settings of the run in output_dir
+MAY_CHANGE_ON_RESUME = ('steps', 'implementations', 'data_dir',
+                        'max_test_sentences', 'decode_batch_size',
+                        'beam_sentences', 'n_beams', 'heatmap_sentences')
 
 
 @dataclasses.dataclass
@@ -96,6 +100,28 @@ class RecordingLoop(checkpointing.ResumableLoop):
   @property
   def step_losses(self):
     return [loss for _, loss in self.history.get('train', STEP_LOSS)]
+
+
+def check_same_run(config, output_dir):
+  """Raises ValueError if `output_dir` holds a run with other settings.
+
+  A rerun resumes the checkpoints there, which is only the same run if
+  everything that shapes training is the same; more `steps` (train longer)
+  and what is decoded may change.
+  """
+  path = os.path.join(output_dir, RUN_CONFIG)
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    earlier = json.load(f)
+  current = json.loads(json.dumps(dataclasses.asdict(config)))  # lists
+  changed = [f'{k} {earlier.get(k)!r} -> {v!r}' for k, v in current.items()
+             if k not in MAY_CHANGE_ON_RESUME and earlier.get(k) != v]
+  if changed:
+    raise ValueError(
+        f'output_dir {output_dir} holds a run with other settings '
+        f'({"; ".join(changed)}); rerun with the same settings to resume it, '
+        'or choose a new --output_dir.')
 
 
 def _label(implementation):
@@ -240,7 +266,10 @@ def run_validation(config, output_dir, log=print):
   """
   config.check()
   output_dir = check_output_dir(output_dir)
+  check_same_run(config, output_dir)
   os.makedirs(output_dir, exist_ok=True)
+  with open(os.path.join(output_dir, RUN_CONFIG), 'w') as f:
+    json.dump(dataclasses.asdict(config), f, indent=2)
   log(f'preparing data {config.source_dir or config.dataset} ...')
   data = data_lib.translation_data(config.dataset, config.keys,
                                    config.source_dir, config.data_dir,
