@@ -67,6 +67,18 @@ def test_checkpoint_of_another_model_size(tmp_path, capsys):
       before)
 
 
+def test_output_dir_not_writable(tmp_path, capsys):
+  if os.geteuid() == 0:
+    pytest.skip('running as root, which may write into any directory')
+  locked = tmp_path / 'locked'
+  locked.mkdir(mode=0o500)
+  err = _cli_error(capsys, ['--config_file',
+                            os.path.join(CONFIGS, 'plugin.gin'),
+                            '--output_dir', str(locked / 'run')])
+  assert 'is not writable' in err
+  assert not (locked / 'run').exists()
+
+
 def _cli_error(capsys, argv):
   with pytest.raises(SystemExit) as exit_info:
     train_script.main(argv)
