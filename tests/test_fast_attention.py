@@ -189,3 +189,48 @@ def test_large_and_bf16_inputs_stay_finite(name, dtype, scale):
 def test_unknown_implementation():
   with pytest.raises(ValueError, match=r"implementation must be one of .*'chunked'.*got 'flash'"):
     trax_qkv.AttentionQKV(16, implementation='flash')
+
+
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_key_block_projection_matches_reference(case, monkeypatch):
+  """'chunked' AttentionQKV projects K and V inside the key blocks."""
+  monkeypatch.setattr(fast_attention, 'DEFAULT_BLOCK_SIZE', 4)  # ragged too
+  n_heads, (q, k, v, mask) = _case(case)
+  k, v = k[..., :12], v[..., :12]  # K/V inputs of another width than Q
+  reference = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='eval')
+  fast = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='eval',
+                               implementation='chunked')
+  assert isinstance(fast.sublayers[1], trax_qkv.layers.KeyBlockProjectedAttention)
+  rng = jax.random.PRNGKey(0)
+  weights, state = reference.init(shapes.signature((q, k, v, mask)), rng=rng)
+
+  def loss(layer):
+    return lambda w, q, k, v: jnp.sum(jnp.sin(
+        layer.pure_fn((q, k, v, mask), w, state, rng)[0][0]))
+  y_ref = reference.pure_fn((q, k, v, mask), weights, state, rng)[0][0]
+  y_fast = fast.pure_fn((q, k, v, mask), weights, state, rng)[0][0]
+  assert _relative_error(y_fast, y_ref) < RTOL
+  grads_ref = jax.tree_util.tree_leaves(
+      jax.grad(loss(reference), argnums=(0, 1, 2, 3))(weights, q, k, v))
+  grads_fast = jax.tree_util.tree_leaves(
+      jax.grad(loss(fast), argnums=(0, 1, 2, 3))(weights, q, k, v))
+  # bk's true gradient is 0 (softmax ignores a constant added to a row of
+  # logits): both sides are rounding noise there, so every leaf is measured
+  # against the largest gradient.
+  scale = max(float(jnp.max(jnp.abs(g))) for g in grads_ref)
+  for g_fast, g_ref in zip(grads_fast, grads_ref):
+    assert float(jnp.max(jnp.abs(g_fast - g_ref))) / scale < RTOL
+
+
+def test_auto_projects_key_blocks_only_for_long_keys():
+  layer = trax_qkv.AttentionQKV(16, n_heads=4, mode='eval',
+                                implementation='auto')
+  attention = layer.sublayers[1].sublayers[1]
+  q = jnp.zeros((1, 8, 16))
+  assert attention.implementation_for(q, jnp.zeros((1, 4096, 16))) == 'chunked'
+  assert attention.implementation_for(q, jnp.zeros((1, 64, 16))) == 'fused'
+  for mode, kwargs in (('eval', dict(q_sparsity='noop')),
+                       ('predict', dict(cache_KV_in_predict=True))):
+    plain = trax_qkv.AttentionQKV(16, n_heads=4, mode=mode,
+                                  implementation='chunked', **kwargs)
+    assert type(plain.sublayers[1]).__name__ == 'Serial'

@@ -176,40 +176,49 @@ def fused_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
 
 
 def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
-                      dropout_rng=None, block_size=DEFAULT_BLOCK_SIZE):
-  """Attention over key blocks with an online softmax; O(Lq*block) memory."""
+                      dropout_rng=None, block_size=None, project_k=None,
+                      project_v=None):
+  """Attention over key blocks with an online softmax; O(Lq*block) memory.
+
+  Each step slices one block of keys and values out of K and V (no copies),
+  and `jax.checkpoint` recomputes its logits in the backward pass, so no
+  (Lq, Lk)-sized array is ever stored. With `project_k` / `project_v`
+  (functions (batch, block, d_in) -> (batch, block, d)), `k` and `v` are the
+  unprojected inputs and are projected block by block, so the projected
+  (batch, Lk, d) K and V never exist whole either (see
+  `layers.AttentionQKV`).
+  """
+  project_k = project_k or (lambda x: x)
+  project_v = project_v or (lambda x: x)
   batch, lq, _ = q.shape
   lk = k.shape[1]
-  block = min(block_size, lk)
+  block = min(block_size or DEFAULT_BLOCK_SIZE, lk)
   n_blocks = -(-lk // block)
   pad = n_blocks * block - lk
   qh = _heads(q, n_heads)
   qh = qh * jnp.asarray(1.0 / jnp.sqrt(qh.shape[-1]), qh.dtype)
-  kh, vh = _heads(k, n_heads), _heads(v, n_heads)
   if mask is None:
     mask = jnp.ones((1, 1, 1, lk), bool)
   mask = jnp.broadcast_to(mask.astype(bool),
                           mask.shape[:2] + (mask.shape[2], lk))
-  valid = jnp.arange(n_blocks * block) < lk  # False on block padding
-  kh, vh = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (kh, vh))
-  mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad)))
-
-  def blocks(x, axis):  # split `axis` into (n_blocks, block), blocks first
-    shape = x.shape[:axis] + (n_blocks, block) + x.shape[axis + 1:]
-    return jnp.moveaxis(x.reshape(shape), axis, 0)
-
-  xs = (blocks(kh, 1), blocks(vh, 1), blocks(mask, 3),
-        valid.reshape((n_blocks, block)), jnp.arange(n_blocks))
-  d_v = vh.shape[-1]
+  if pad:  # the last block runs past Lk: pad, and mark the padding invalid
+    k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (k, v))
+    mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad)))
+  valid = jnp.arange(n_blocks * block) < lk
   acc_dtype = jnp.promote_types(q.dtype, jnp.float32)
 
   @jax.checkpoint  # recompute block logits in backward: memory stays small
-  def step(carry, x):
+  def step(carry, index):
     running_max, denominator, numerator = carry
-    k_blk, v_blk, mask_blk, valid_blk, index = x
+    start = index * block
+
+    def key_block(x, axis):
+      return jax.lax.dynamic_slice_in_dim(x, start, block, axis=axis)
+    k_blk = _heads(project_k(key_block(k, 1)), n_heads)
+    v_blk = _heads(project_v(key_block(v, 1)), n_heads)
     logits = jnp.einsum('bqhd,bkhd->bhqk', qh, k_blk).astype(acc_dtype)
-    logits = jnp.where(mask_blk, logits, MASK_FILL)
-    logits = jnp.where(valid_blk, logits, _BLOCK_PAD_FILL)
+    logits = jnp.where(key_block(mask, 3), logits, MASK_FILL)
+    logits = jnp.where(key_block(valid, 0), logits, _BLOCK_PAD_FILL)
     new_max = jnp.maximum(running_max, logits.max(axis=-1))
     correction = jnp.exp(running_max - new_max)
     p = jnp.exp(logits - new_max[..., None])
@@ -223,10 +232,12 @@ def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
     return (new_max, denominator, numerator), None
 
   stats_shape = (batch, n_heads, lq)
+  d_head_v = jax.eval_shape(project_v, v[:, :1]).shape[-1] // n_heads
   init = (jnp.full(stats_shape, _BLOCK_PAD_FILL, acc_dtype),
           jnp.zeros(stats_shape, acc_dtype),
-          jnp.zeros(stats_shape + (d_v,), acc_dtype))
-  (row_max, denominator, numerator), _ = jax.lax.scan(step, init, xs)
+          jnp.zeros(stats_shape + (d_head_v,), acc_dtype))
+  (row_max, denominator, numerator), _ = jax.lax.scan(
+      step, init, jnp.arange(n_blocks))
   # Normalise as exp(max - logsumexp), rounded as the reference rounds it: in
   # a fully masked row logsumexp = -1e9 + log(Lk) rounds to -1e9, so the
   # reference weighs every key by 1 (a sum, not a mean); so do we.
@@ -275,19 +286,25 @@ _FUNCTIONS = {
 }
 
 
-def attend(q, k, v, mask, n_heads, dropout_rate=0.0, dropout_rng=None,
-           implementation='reference'):
-  """Multi-head attention activations, float32 (batch, Lq, d_v).
-
-  `implementation` is one of IMPLEMENTATIONS; 'auto' picks per call, and
-  'cudnn' falls back to 'fused' where the kernel cannot run (no GPU, float32,
-  or dropout), since the result is the same attention either way.
-  """
+def resolve_implementation(implementation, q, k, n_heads, dropout_rate):
+  """The implementation that runs: 'auto' picks for these inputs, and
+  'cudnn' falls back to 'fused' where the kernel cannot run (no GPU,
+  float32, or dropout), since the result is the same attention either way."""
   if implementation == 'auto':
     implementation = choose_implementation(q, k, n_heads, dropout_rate)
   if implementation == 'cudnn' and not cudnn_supported(q, dropout_rate):
     implementation = 'fused'
+  return implementation
+
+
+def attend(q, k, v, mask, n_heads, dropout_rate=0.0, dropout_rng=None,
+           implementation='reference'):
+  """Multi-head attention activations, float32 (batch, Lq, d_v).
+
+  `implementation` is one of IMPLEMENTATIONS (see `resolve_implementation`).
+  """
+  implementation = resolve_implementation(implementation, q, k, n_heads,
+                                          dropout_rate)
   return _FUNCTIONS[implementation](q, k, v, mask, n_heads,
                                     dropout_rate=dropout_rate,
                                     dropout_rng=dropout_rng)
-

@@ -15,6 +15,7 @@ math itself.
 """
 
 import gin
+from trax import fastmath
 from trax.layers import base
 from trax.layers import combinators as cb
 from trax.layers import core
@@ -66,11 +67,31 @@ class PureAttention(base.Layer):
     checks.check_qkv_inputs(input_signature, self._n_heads)
     return super().init(input_signature, rng=rng, use_cache=use_cache)
 
+  @property
+  def n_heads(self):
+    return self._n_heads
+
+  @property
+  def mode(self):
+    return self._mode
+
+  @property
+  def dropout_rate(self):
+    """The rate in effect: dropout applies in 'train' mode only."""
+    return self._dropout if self._mode == 'train' else 0.0
+
+  def implementation_for(self, q, k):
+    """What runs for these inputs ('auto' resolved; viz runs 'reference')."""
+    if self._implementation == 'reference' or self._mode == 'viz':
+      return 'reference'
+    return fast_attention.resolve_implementation(
+        self._implementation, q, k, self._n_heads, self.dropout_rate)
+
   def forward(self, inputs):
     checks.check_qkv_inputs(inputs, self._n_heads)
     q, k, v, mask = inputs
-    dropout_rate = self._dropout if self._mode == 'train' else 0.0
-    if self._implementation == 'reference' or self._mode == 'viz':
+    dropout_rate = self.dropout_rate
+    if self.implementation_for(q, k) == 'reference':
       activations, weights = attention_math.dot_product_attention(
           q, k, v, mask, self._n_heads, dropout_rate=dropout_rate,
           dropout_rng=self.rng)
@@ -98,6 +119,45 @@ class CheckedSerial(cb.Serial):
   def init(self, input_signature, rng=None, use_cache=False):
     self._check_inputs(input_signature)
     return super().init(input_signature, rng=rng, use_cache=use_cache)
+
+
+class KeyBlockProjectedAttention(cb.Serial):
+  """`Serial(Parallel(Dense, Dense, Dense), PureAttention, Dense)` that, when
+  the attention runs 'chunked', projects K and V one key block at a time
+  inside it.
+
+  Same sublayers as the plain Serial, so the same weights, init keys, rng
+  splits and checkpoints; only the order of the computation differs. With
+  long keys (cross-attention over a long encoder output) the projected
+  (batch, Lk, d) K and V and their gradients are the largest buffers left
+  once the logits are blocked; computed per block they never exist whole.
+  Any other implementation or mode runs the plain Serial.
+  """
+
+  def __init__(self, projections, attention, output):
+    super().__init__(projections, attention, output, name='Serial')
+
+  def forward(self, inputs):
+    projections, attention, output = self.sublayers
+    q_in, k_in, v_in, mask = inputs
+    if (attention.mode not in ('train', 'eval')
+        or attention.implementation_for(q_in, k_in) != 'chunked'):
+      return super().forward(inputs)
+    (w_q, w_k, w_v), _, w_out = self.weights
+    (s_q, s_k, s_v), _, s_out = self.state
+    dense_q, dense_k, dense_v = projections.sublayers
+
+    def project(dense, weights, state):
+      return lambda x: dense.pure_fn(x, weights, state, None)[0]
+    # The rng Serial would hand to PureAttention (its second sublayer).
+    attention_rng = (None if self.rng is None
+                     else fastmath.random.split(self.rng, 3)[1])
+    activations = fast_attention.chunked_attention(
+        project(dense_q, w_q, s_q)(q_in), k_in, v_in, mask, attention.n_heads,
+        dropout_rate=attention.dropout_rate, dropout_rng=attention_rng,
+        project_k=project(dense_k, w_k, s_k),
+        project_v=project(dense_v, w_v, s_v))
+    return project(output, w_out, s_out)(activations), mask
 
 
 @gin.configurable(module='trax_qkv', denylist=['mode'])
@@ -154,7 +214,12 @@ def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: dis
       return cb.Cache(core.Dense(d_feature))
     return core.Dense(d_feature)
 
-  attention = cb.Serial(
+  # Plain Dense projections (no sparsity, no cache) can be fused into the
+  # key blocks of the chunked path.
+  fusable = (implementation in ('chunked', 'auto') and q_sparsity is None
+             and result_sparsity is None
+             and not (cache_KV_in_predict and mode == 'predict'))
+  attention = (KeyBlockProjectedAttention if fusable else cb.Serial)(
       cb.Parallel(_Projection(q_sparsity), _KVProjection(), _KVProjection()),
       PureAttention(n_heads=n_heads, dropout=dropout, mode=mode,
                     implementation=implementation),
