@@ -15,6 +15,8 @@ bit for bit. The layers use them when asked for through `implementation`:
   'chunked'    keys in blocks with an online softmax (lax.scan): memory
                O(Lq * block) instead of O(Lq * Lk), forward and backward.
                Dropout masks are drawn per block (same rate, other bits).
+               In AttentionQKV the K and V projections run per key block
+               too (layers.KeyBlockProjectedAttention).
   'cudnn'      jax.nn.dot_product_attention's cuDNN kernel: GPU, bf16/fp16,
                no attention dropout.
   'auto'       the best of these for the device, shapes, dtype and dropout.
