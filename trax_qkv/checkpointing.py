@@ -176,9 +176,12 @@ class ResumableLoop(training.Loop):
 
   def load_checkpoint(self, directory=None, filename=None):
     directory = directory or self._output_dir
-    if directory is not None:
-      check_checkpoint_fits(self._model, directory, filename or 'model')
+    if directory is None:  # nowhere to load from; Trax logs that
+      super().load_checkpoint(directory, filename)
+      return
+    filename = filename or 'model'
+    check_checkpoint_fits(self._model, directory, filename)
     super().load_checkpoint(directory, filename)
-    rng_file = os.path.join(directory or '', (filename or 'model') + RNG_SUFFIX)
-    if directory is not None and os.path.exists(rng_file):
+    rng_file = os.path.join(directory, filename + RNG_SUFFIX)
+    if os.path.exists(rng_file):
       self._rng = np.load(rng_file)
