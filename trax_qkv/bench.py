@@ -4,13 +4,14 @@ Every number that is compared is measured in the same process, interleaved
 (one call of each contender per round, after warm-up), and summarised by its
 median; memory is XLA's own accounting of the compiled program's temporary
 buffers (`memory_analysis()`), which is what the O(Lq*Lk) logits occupy.
+The attention math alone, on any JAX device (a GPU's cuDNN path included),
+is measured by `trax_qkv.kernel_bench`.
 """
 
 import functools
 import itertools
 import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,8 @@ from trax import shapes
 from trax.supervised import training
 
 import trax_qkv
+from trax_qkv.kernel_bench import interleaved_medians
+from trax_qkv.kernel_bench import matmul_flops_per_second
 
 LAYER_SHAPES = ((32, 64, 64, 256, 8), (8, 256, 256, 256, 8),
                 (4, 1024, 1024, 256, 8), (1, 4096, 4096, 256, 8))
@@ -39,31 +42,6 @@ def contenders():
         lambda d, h, mode, impl: trax_qkv.AttentionQKV(
             d, n_heads=h, mode=mode, implementation=impl), impl=name)
   return out
-
-
-def _block(x):
-  return jax.tree_util.tree_map(lambda a: a.block_until_ready(), x)
-
-
-def interleaved_medians(fns, rounds, warmup=1):
-  """{name: median seconds} of zero-argument callables, run round-robin."""
-  for fn in fns.values():
-    for _ in range(warmup):
-      _block(fn())
-  times = {name: [] for name in fns}
-  for _ in range(rounds):
-    for name, fn in fns.items():
-      start = time.perf_counter()
-      _block(fn())
-      times[name].append(time.perf_counter() - start)
-  return {name: float(np.median(t)) for name, t in times.items()}
-
-
-def matmul_gflops(n=2048, rounds=5):
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x, y: x @ y)
-  seconds = interleaved_medians({'matmul': lambda: f(a, a)}, rounds)['matmul']
-  return 2 * n ** 3 / seconds / 1e9
 
 
 def attention_flops(batch, lq, lk, d):
@@ -182,26 +160,14 @@ def training_steps_per_second(implementations, steps=20, rounds=3,
   return {impl: steps / s for impl, s in seconds.items()}
 
 
-def cudnn_tflops(length=4096, batch=1, d=256, heads=8, rounds=5):
-  """bf16 cuDNN vs reference on GPU: (TFLOP/s, ratio to reference)."""
-  x = _layer_inputs(batch, length, length, d, jnp.bfloat16)
-  fns = {}
-  for name in ('reference', 'cudnn'):
-    fns[name], _ = _compiled(trax_qkv.AttentionQKV(
-        d, n_heads=heads, mode='eval', implementation=name), x, False)
-  seconds = interleaved_medians(fns, rounds)
-  flops = attention_flops(batch, length, length, d)
-  return flops / seconds['cudnn'] / 1e12, seconds['reference'] / seconds[
-      'cudnn']
-
-
 def run(rounds=5, quick=False, log=print):
   """All benchmarks; returns the results dict."""
   layer_shapes = LAYER_SHAPES[:2] if quick else LAYER_SHAPES
   cross = (1, 64, 1024, 256, 8) if quick else CROSS_SHAPE
   results = {'device': jax.devices()[0].device_kind,
              'backend': jax.default_backend(), 'rounds': rounds,
-             'matmul_gflops': matmul_gflops(1024 if quick else 2048, rounds)}
+             'matmul_gflops': matmul_flops_per_second(
+                 1024 if quick else 2048, rounds) / 1e9}
   log(f"matmul: {results['matmul_gflops']:.1f} GFLOP/s")
   results['layers'] = []
   for shape in layer_shapes + (cross,):
@@ -219,9 +185,6 @@ def run(rounds=5, quick=False, log=print):
   log('training ...')
   results['train_steps_per_s'] = training_steps_per_second(
       impls, steps=5 if quick else 20, rounds=min(rounds, 3))
-  if jax.default_backend() == 'gpu':
-    results['cudnn_bf16_tflops'], results['cudnn_vs_reference'] = (
-        cudnn_tflops())
   return results
 
 
@@ -267,10 +230,6 @@ def markdown(results):
     lines += ['', f'{title}: ' + ', '.join(
         f'{name} {v:.1f} (x{v / base:.2f})' for name, v in
         results[key].items())]
-  if 'cudnn_bf16_tflops' in results:
-    lines += ['', f"cuDNN bf16 at length 4096: "
-              f"{results['cudnn_bf16_tflops']:.1f} TFLOP/s, "
-              f"x{results['cudnn_vs_reference']:.2f} vs 'reference'."]
   return '\n'.join(lines) + '\n'
 
 
