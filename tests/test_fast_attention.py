@@ -38,6 +38,8 @@ def _case(name, fully_masked_row=True):
 def _implementation(name):
   if name == 'chunked':  # small blocks, so several blocks and a ragged last
     return functools.partial(fast_attention.chunked_attention, block_size=4)
+  if name == 'fused':  # one (batch, head) pair per step: many steps
+    return functools.partial(fast_attention.fused_attention, step_elements=1)
   return functools.partial(fast_attention.attend, implementation=name)
 
 
@@ -85,9 +87,10 @@ def test_fully_masked_rows_match_trax():
 def test_blockwise_dropout_keeps_expectation(name):
   """Per-block masks: other bits than the reference, same rate, unbiased."""
   n_heads, (q, k, v, mask) = _case('lq_ne_lk', fully_masked_row=False)
-  attend = functools.partial(
-      {'fused': fast_attention.fused_attention,
-       'chunked': fast_attention.chunked_attention}[name], block_size=8)
+  attend = {'fused': functools.partial(fast_attention.fused_attention,
+                                       step_elements=1),
+            'chunked': functools.partial(fast_attention.chunked_attention,
+                                         block_size=8)}[name]
   no_dropout = attend(q, k, v, mask, n_heads)
   samples = jax.jit(jax.vmap(
       lambda rng: attend(q, k, v, mask, n_heads, 0.2, rng)))(
@@ -96,31 +99,48 @@ def test_blockwise_dropout_keeps_expectation(name):
   np.testing.assert_allclose(samples.mean(0), no_dropout, atol=0.15)
 
 
-def test_fused_dropout_gradient_matches_autodiff():
+@pytest.mark.parametrize('mask_rows', ['keys', 'full'])
+def test_fused_dropout_gradient_matches_autodiff(mask_rows):
   """The hand-written backward agrees with JAX differentiating the forward."""
-  n_heads, (q, k, v, mask) = _case('lq_ne_lk')
-  qh, kh, vh = (attention_math.split_heads(x, n_heads) for x in (q, k, v))
-  rest = (jnp.broadcast_to(mask, (q.shape[0], 1) + mask.shape[2:]), 0.3, 1,
-          jax.random.PRNGKey(4))
+  n_heads, (q, k, v, mask) = _case('lq_ne_lk' if mask_rows == 'keys'
+                                   else 'partial_rows')
+  group = 2  # 8 (batch, head) rows in 4 steps of 2
+
+  def grouped(x):
+    x = attention_math.split_heads(x, n_heads)
+    return x.reshape((-1, group) + x.shape[2:])
+
+  qh, kh, vh = (grouped(x) for x in (q, k, v))
+  rest = (mask.astype(bool), n_heads, 0.3, jax.random.PRNGKey(4))
   cotangent = jax.random.normal(jax.random.PRNGKey(5), qh.shape)
   grads = [
       jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v) * cotangent),
                argnums=(0, 1, 2))(qh, kh, vh)
-      for f in (lambda q, k, v: fast_attention._blocked_core(q, k, v, *rest),  # pylint: disable=protected-access
-                lambda q, k, v: fast_attention._blocked_forward(  # pylint: disable=protected-access
+      for f in (lambda q, k, v: fast_attention._grouped_core(q, k, v, *rest),  # pylint: disable=protected-access
+                lambda q, k, v: fast_attention._grouped_forward(  # pylint: disable=protected-access
                     q, k, v, *rest)[0])]
   for custom, autodiff in zip(*grads):
     assert _relative_error(custom, autodiff) < RTOL
+
+
+def test_fused_groups_tile_the_heads():
+  heads_per_step = fast_attention._heads_per_step  # pylint: disable=protected-access
+  assert heads_per_step(32, 64, 64) == 32      # small: one step
+  assert heads_per_step(32, 1024, 1024) == 1   # big: one head per step
+  assert heads_per_step(24, 128, 256, target=2**18) == 8  # largest divisor
+  assert heads_per_step(7, 8, 8, target=30) == 1
 
 
 def test_auto_chooses_by_shape_and_device():
   long = jnp.zeros((1, 8192, 256))
   choose = fast_attention.choose_implementation
   assert choose(long[:, :64], long, 8, 0.0) == 'chunked'  # long memory
-  assert choose(long, long, 8, 0.0) == 'fused'
-  assert choose(long[:, :64], long[:, :64], 8, 0.0) == 'fused'
-  expected = 'cudnn' if jax.default_backend() == 'gpu' else 'fused'
-  assert choose(long.astype(jnp.bfloat16), long, 8, 0.0) == expected
+  on_gpu = jax.default_backend() == 'gpu'
+  default = 'reference' if on_gpu else 'fused'
+  assert choose(long, long, 8, 0.0) == default
+  assert choose(long[:, :64], long[:, :64], 8, 0.0) == default
+  assert choose(long.astype(jnp.bfloat16), long, 8, 0.0) == (
+      'cudnn' if on_gpu else 'fused')
 
 
 @pytest.mark.parametrize('name', FAST)

@@ -7,11 +7,14 @@ query row weigh every key by 1 in trax -- within float32 rounding, but not
 bit for bit. The layers use them when asked for through `implementation`:
 
   'reference'  attention_math: bit-identical to trax 1.4.1.
-  'fused'      queries in blocks, 1/sqrt(d_head) folded into Q, mask, softmax
-               and the V product done per block while the block's logits are
-               in cache, and a hand-written backward pass that recomputes the
-               weights from the saved logsumexp: O(block * Lk) memory.
-               Dropout masks are drawn per query block (same rate, other bits).
+  'fused'      a loop over groups of (batch, head) pairs, 1/sqrt(d_head)
+               folded into Q; mask, softmax and the V product done per group
+               while its logits are in cache, and a hand-written backward
+               pass that recomputes the weights from the saved logsumexp:
+               memory for one group's logits, not all of them. Dropout masks
+               are drawn per group (same rate, other bits). Fastest on CPUs;
+               a GPU runs the loop's steps one after another, so there
+               'auto' runs 'reference' (or cuDNN) instead.
   'chunked'    keys in blocks with an online softmax (lax.scan): memory
                O(Lq * block) instead of O(Lq * Lk), forward and backward.
                Dropout masks are drawn per block (same rate, other bits).
@@ -35,12 +38,14 @@ MASK_FILL = attention_math.MASK_FILL
 # Logit for key positions added to fill the last block: far below MASK_FILL,
 # so they get zero weight even in a fully masked row.
 _BLOCK_PAD_FILL = -1e30
-# 'auto' runs 'chunked' (keys in blocks) when there are too few queries for
-# query blocks to help and the keys are this many or more.
+# 'auto' runs 'chunked' (keys in blocks) for at most FEW_QUERIES queries
+# over at least CHUNKED_MIN_KEYS keys, where the (Lq, Lk) logits and the
+# projected K and V are what fills memory.
+FEW_QUERIES = 64
 CHUNKED_MIN_KEYS = 4096
 DEFAULT_BLOCK_SIZE = 512
-# Queries per block in 'fused': (heads, 64, Lk) float32 logits stay in cache.
-DEFAULT_QUERY_BLOCK = 64
+# Logits per loop step in 'fused': 2**20 floats (4 MB), measured best on CPU.
+DEFAULT_STEP_ELEMENTS = 2 ** 20
 
 
 def _heads(x, n_heads):
@@ -54,32 +59,10 @@ def _mask_bhqk(mask):
   return None if mask is None else mask.astype(bool)
 
 
-def _query_block_size(lq, block):
-  """Largest divisor of lq that is <= block (blocks must tile Lq exactly)."""
-  return max(d for d in range(1, min(block, lq) + 1) if lq % d == 0)
-
-
-def _blocked_logits(q_block, k, mask_block):
-  logits = jnp.einsum('bhqd,bhkd->bhqk', q_block, k)
-  return jnp.where(mask_block, logits, MASK_FILL)
-
-
-def _split_query_blocks(x, n, axis):
-  """Splits `axis` into n equal blocks, stacked on a new leading axis."""
-  shape = x.shape[:axis] + (n, x.shape[axis] // n) + x.shape[axis + 1:]
-  return jnp.moveaxis(x.reshape(shape), axis, 0)
-
-
-def _join_query_blocks(x, axis):
-  x = jnp.moveaxis(x, 0, axis)
-  return x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
-
-
-def _mask_blocks(mask, n_blocks):
-  """(batch, 1, Lq|1, Lk) mask -> one mask per query block, stacked."""
-  if mask.shape[2] > 1:
-    return _split_query_blocks(mask, n_blocks, 2)
-  return jnp.broadcast_to(mask[None], (n_blocks,) + mask.shape)
+def _heads_per_step(n_rows, lq, lk, target=DEFAULT_STEP_ELEMENTS):
+  """Largest divisor of n_rows whose (rows, Lq, Lk) logits fit in `target`."""
+  return max([g for g in range(1, n_rows + 1)
+              if n_rows % g == 0 and g * lq * lk <= target] or [1])
 
 
 def _keep_mask(rng, index, rate, shape):
@@ -87,93 +70,106 @@ def _keep_mask(rng, index, rate, shape):
                               shape)
 
 
+def _step_mask(mask, step, group, n_heads):
+  """The (group, Lq|1, Lk) mask rows of (batch*head) rows in `step`."""
+  rows = step * group + jnp.arange(group)
+  batch_index = rows // n_heads if mask.shape[0] > 1 else jnp.zeros_like(rows)
+  return jnp.take(mask[:, 0], batch_index, axis=0)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _blocked_core(q, k, v, mask, rate, block, rng):
-  return _blocked_forward(q, k, v, mask, rate, block, rng)[0]
+def _grouped_core(q, k, v, mask, n_heads, rate, rng):
+  return _grouped_forward(q, k, v, mask, n_heads, rate, rng)[0]
 
 
-def _blocked_forward(q, k, v, mask, rate, block, rng):
-  """q, k, v: (batch, heads, L, d_head), q already scaled."""
-  n_blocks = q.shape[2] // block
-  masks = _mask_blocks(mask, n_blocks)
+def _grouped_forward(q, k, v, mask, n_heads, rate, rng):
+  """q, k, v: (steps, group, L, d_head), q already scaled; mask (b|1, 1, ...).
 
-  def one_block(x):
-    q_block, mask_block, index = x
-    logits = _blocked_logits(q_block, k, mask_block)
+  Returns the (steps, group, Lq, d_head) output and the backward residuals.
+  """
+  group = q.shape[1]
+
+  def one_step(x):
+    q_step, k_step, v_step, step = x
+    logits = jnp.where(_step_mask(mask, step, group, n_heads),
+                       jnp.einsum('gqd,gkd->gqk', q_step, k_step), MASK_FILL)
     lse = logsumexp(logits, axis=-1, keepdims=True)
     weights = jnp.exp(logits - lse)
     if rate > 0.0:
-      weights = jnp.where(_keep_mask(rng, index, rate, weights.shape),
+      weights = jnp.where(_keep_mask(rng, step, rate, weights.shape),
                           weights / (1.0 - rate), 0.0)
-    return jnp.einsum('bhqk,bhkd->bhqd', weights, v), lse
+    return jnp.einsum('gqk,gkd->gqd', weights, v_step), lse
 
-  out, lse = jax.lax.map(one_block, (_split_query_blocks(q, n_blocks, 2),
-                                     masks, jnp.arange(n_blocks)))
-  return _join_query_blocks(out, 2), (q, k, v, mask, lse, rng)
+  out, lse = jax.lax.map(one_step, (q, k, v, jnp.arange(q.shape[0])))
+  return out, (q, k, v, mask, rng, out, lse)
 
 
-def _blocked_backward(rate, block, residuals, d_out):
-  """Per query block: recompute the weights from the saved logsumexp."""
-  q, k, v, mask, lse, rng = residuals
-  n_blocks = q.shape[2] // block
-  masks = _mask_blocks(mask, n_blocks)
+def _grouped_backward(n_heads, rate, residuals, d_out):
+  """Per step: recompute the weights from the saved logsumexp (as flash
+  attention does); the softmax backward uses rowsum(dO * O), which equals
+  rowsum(dW * W) also with dropout and is Lq x d_head, not Lq x Lk."""
+  q, k, v, mask, rng, out, lse = residuals
+  group = q.shape[1]
 
-  def one_block(carry, x):
-    d_k, d_v = carry
-    q_block, mask_block, lse_block, d_out_block, index = x
-    weights = jnp.exp(_blocked_logits(q_block, k, mask_block) - lse_block)
-    d_weights = jnp.einsum('bhqd,bhkd->bhqk', d_out_block, v)
+  def one_step(x):
+    q_step, k_step, v_step, step, out_step, lse_step, d_out_step = x
+    step_mask = _step_mask(mask, step, group, n_heads)
+    logits = jnp.where(step_mask, jnp.einsum('gqd,gkd->gqk', q_step, k_step),
+                       MASK_FILL)
+    weights = jnp.exp(logits - lse_step)
+    d_weights = jnp.einsum('gqd,gkd->gqk', d_out_step, v_step)
     kept = weights
     if rate > 0.0:
-      keep = _keep_mask(rng, index, rate, weights.shape)
+      keep = _keep_mask(rng, step, rate, weights.shape)
       kept = jnp.where(keep, weights / (1.0 - rate), 0.0)
       d_weights = jnp.where(keep, d_weights / (1.0 - rate), 0.0)
-    d_v = d_v + jnp.einsum('bhqk,bhqd->bhkd', kept, d_out_block)
-    # Softmax backward; masked logits were constants, so they get no grad.
-    d_logits = weights * (d_weights - jnp.sum(d_weights * weights, axis=-1,
-                                              keepdims=True))
-    d_logits = jnp.where(mask_block, d_logits, 0.0)
-    d_q_block = jnp.einsum('bhqk,bhkd->bhqd', d_logits, k)
-    d_k = d_k + jnp.einsum('bhqk,bhqd->bhkd', d_logits, q_block)
-    return (d_k, d_v), d_q_block
+    d_v = jnp.einsum('gqk,gqd->gkd', kept, d_out_step)
+    row_sums = jnp.sum(d_out_step * out_step, axis=-1, keepdims=True)
+    # Masked logits were constants (-1e9), so they get no gradient.
+    d_logits = jnp.where(step_mask, weights * (d_weights - row_sums), 0.0)
+    return (jnp.einsum('gqk,gkd->gqd', d_logits, k_step),
+            jnp.einsum('gqk,gqd->gkd', d_logits, q_step), d_v)
 
-  (d_k, d_v), d_q = jax.lax.scan(
-      one_block, (jnp.zeros_like(k), jnp.zeros_like(v)),
-      (_split_query_blocks(q, n_blocks, 2), masks, lse,
-       _split_query_blocks(d_out, n_blocks, 2), jnp.arange(n_blocks)))
-  return _join_query_blocks(d_q, 2), d_k, d_v, None, None
+  d_q, d_k, d_v = jax.lax.map(one_step, (q, k, v, jnp.arange(q.shape[0]),
+                                         out, lse, d_out))
+  return d_q, d_k, d_v, None, None
 
 
-_blocked_core.defvjp(
-    lambda q, k, v, mask, rate, block, rng: _blocked_forward(
-        q, k, v, mask, rate, block, rng),
-    _blocked_backward)
+_grouped_core.defvjp(_grouped_forward, _grouped_backward)
 
 
 def fused_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
-                    dropout_rng=None, block_size=DEFAULT_QUERY_BLOCK):
-  """Query-blocked attention with a hand-written backward pass.
+                    dropout_rng=None, step_elements=DEFAULT_STEP_ELEMENTS):
+  """Attention one group of (batch, head) pairs at a time; flash backward.
 
-  1/sqrt(d_head) is folded into Q, and queries are processed in blocks so
-  that each block's (heads, block, Lk) logits are masked, soft-maxed and
-  multiplied with V while still in cache, instead of making several passes
-  over the whole (batch, heads, Lq, Lk) array. The backward pass recomputes
-  each block's weights from the saved logsumexp (as flash attention does)
-  rather than storing them. Dropout masks are drawn per query block.
+  The (batch * heads) rows are split into equal groups whose (group, Lq, Lk)
+  logits take at most `step_elements` floats (one head per step when a
+  head's logits are larger), and a loop runs the groups: each group's
+  logits are masked, soft-maxed and multiplied with V while they are in
+  cache, instead of the several passes over the whole (batch, heads, Lq, Lk)
+  array that the reference makes. 1/sqrt(d_head) is folded into Q. The
+  backward pass recomputes each group's weights from the saved logsumexp
+  rather than storing them, so memory holds one group's (Lq, Lk) logits, not
+  all of them. Dropout masks are drawn per group (same rate, other bits).
   """
-  block = _query_block_size(q.shape[1], block_size)
-  qh = attention_math.split_heads(q, n_heads)
+  batch, lq, _ = q.shape
+  lk = k.shape[1]
+  group = _heads_per_step(batch * n_heads, lq, lk, step_elements)
+
+  def grouped(x):  # (batch, L, d) -> (steps, group, L, d_head)
+    x = attention_math.split_heads(x, n_heads)
+    return x.reshape((-1, group) + x.shape[2:])
+
+  qh = grouped(q)
   qh = qh * jnp.asarray(1.0 / jnp.sqrt(qh.shape[-1]), qh.dtype)
-  kh = attention_math.split_heads(k, n_heads)
-  vh = attention_math.split_heads(v, n_heads)
   if mask is None:
-    mask = jnp.ones((1, 1, 1, k.shape[1]), bool)
-  mask = jnp.broadcast_to(mask.astype(bool),
-                          (q.shape[0], 1) + mask.shape[2:])
+    mask = jnp.ones((1, 1, 1, lk), bool)
+  mask = mask.astype(bool)
   if dropout_rng is None:
     dropout_rng = jax.random.PRNGKey(0)  # unused when dropout_rate == 0
-  out = _blocked_core(qh, kh, vh, mask, float(dropout_rate), block,
-                      dropout_rng)
+  out = _grouped_core(qh, grouped(k), grouped(v), mask, n_heads,
+                      float(dropout_rate), dropout_rng)
+  out = out.reshape((batch, n_heads) + out.shape[2:])
   return attention_math.merge_heads(out).astype(jnp.float32)
 
 
@@ -270,13 +266,15 @@ def cudnn_supported(q, dropout_rate):
 
 
 def choose_implementation(q, k, n_heads, dropout_rate):
-  """What 'auto' runs for these inputs."""
+  """What 'auto' runs for these inputs (see scripts/bench*.py for why)."""
+  del n_heads
   if cudnn_supported(q, dropout_rate):
     return 'cudnn'
-  del n_heads
-  few_queries = q.shape[1] <= DEFAULT_QUERY_BLOCK
-  return 'chunked' if few_queries and k.shape[1] >= CHUNKED_MIN_KEYS else (
-      'fused')
+  if q.shape[1] <= FEW_QUERIES and k.shape[1] >= CHUNKED_MIN_KEYS:
+    return 'chunked'  # memory: O(Lq * block) instead of O(Lq * Lk)
+  # On a GPU the loop steps of 'fused' run one after another and lose to
+  # XLA's own fusions of the reference (kernel_bench on an H200: 0.4-0.7x).
+  return 'reference' if jax.default_backend() == 'gpu' else 'fused'
 
 
 _FUNCTIONS = {
@@ -290,12 +288,11 @@ _FUNCTIONS = {
 
 def resolve_implementation(implementation, q, k, n_heads, dropout_rate):
   """The implementation that runs: 'auto' picks for these inputs, and
-  'cudnn' falls back to 'fused' where the kernel cannot run (no GPU,
-  float32, or dropout), since the result is the same attention either way."""
-  if implementation == 'auto':
-    implementation = choose_implementation(q, k, n_heads, dropout_rate)
-  if implementation == 'cudnn' and not cudnn_supported(q, dropout_rate):
-    implementation = 'fused'
+  'cudnn' falls back to what 'auto' would run where the kernel cannot
+  (no GPU, float32, or dropout): the result is the same attention."""
+  if implementation == 'auto' or (
+      implementation == 'cudnn' and not cudnn_supported(q, dropout_rate)):
+    return choose_implementation(q, k, n_heads, dropout_rate)
   return implementation
 
 
