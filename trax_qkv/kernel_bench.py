@@ -102,7 +102,7 @@ def implementations_for(dtype):
   names = ['reference', 'fused', 'chunked']
   if fast_attention.cudnn_supported(jnp.zeros((), dtype), 0.0):
     names.append('cudnn')
-  return names
+  return names + ['auto']
 
 
 def max_relative_error(implementation, inputs, n_heads):
