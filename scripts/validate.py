@@ -60,7 +60,7 @@ def build_parser():
   add('--max_test_sentences', type=int, default=None,
       help='decode only the first N test sentences')
   add('--beam_sentences', type=int, default=10,
-      help='test sentences also decoded with beam search')
+      help='first N test sentences also decoded with beam search (0: none)')
   add('--n_beams', type=int, default=4, help='beam size')
   return parser
 

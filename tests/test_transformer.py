@@ -1,10 +1,12 @@
 """Built-in vs plugin cross-attention inside trax.models.Transformer."""
 
+import functools
 import os
 import tempfile
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import trax
@@ -13,6 +15,8 @@ from trax import shapes
 from trax.supervised import decoding
 
 import trax_qkv
+from trax_qkv import evaluation
+from trax_qkv.data import EOS_ID
 from helpers import assert_trees_equal
 
 VOCAB = 40
@@ -120,7 +124,7 @@ def _trained_eval_weights():
   return model, src
 
 
-def test_greedy_decoding_identical_and_beam_search_runs():
+def test_greedy_decoding_identical():
   model, src = _trained_eval_weights()
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, 'model.pkl.gz')
@@ -136,16 +140,60 @@ def test_greedy_decoding_identical_and_beam_search_runs():
           predict, src, batch_size=len(src), temperature=0.0, max_length=8,
           eos_id=1)
     assert np.array_equal(decoded['trax'], decoded['trax_qkv'])
-    beam = trax_qkv.CrossAttentionTransformer(VOCAB, mode='predict',
-                                              dropout=0.0, **CONFIG)
-    beam.init_from_file(path, weights_only=True,
-                        input_signature=shapes.signature((src[:1],
-                                                          src[:1, :1])))
-    beams = decoding.beam_search(beam, src[:1], n_beams=2, max_length=6,
-                                 eos_id=1)
-    assert len(beams) == 2
-    for tokens, score in beams:
-      assert tokens.shape == (1, 6) and np.all(np.isfinite(score))
+
+
+def test_beam_search_builtin_and_plugin_agree_and_one_beam_is_greedy():
+  model, src = _trained_eval_weights()
+  sources = [row.tolist() for row in src]
+  src_len, max_len = src.shape[1], 8
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, 'model.pkl.gz')
+    model.save_to_file(path)
+    decoded = {}
+    for name in ('trax', 'trax_qkv'):
+      model_fn = functools.partial(trax_qkv.CrossAttentionTransformer, VOCAB,
+                                   dropout=0.0, cross_attention=name,
+                                   **CONFIG)
+
+      def prepared(rows, model_fn=model_fn):
+        return evaluation.predict_model(model_fn, path, rows, src_len)
+      greedy = evaluation.greedy_decode(prepared(3), sources, 3, src_len,
+                                        max_len)
+      one_beam = evaluation.beam_decode(prepared(3), sources, 3, src_len, 1,
+                                        max_len, alpha=0.0)
+      # 2 sources of 3 beams at a time: the last batch is ragged.
+      three_beams = evaluation.beam_decode(prepared(6), sources, 2, src_len,
+                                           3, max_len, with_log_probs=True)
+      decoded[name] = (greedy, one_beam, three_beams)
+  assert decoded['trax'] == decoded['trax_qkv']
+  greedy, one_beam, three_beams = decoded['trax_qkv']
+  assert one_beam == greedy  # one beam ranked by log-probability is greedy
+  assert len(three_beams) == 3
+  for hypothesis, _ in three_beams:
+    assert len(hypothesis) <= max_len and EOS_ID not in hypothesis
+  # The search's log-probabilities are the model's: teacher-force each
+  # hypothesis (+ EOS if it ended) in eval mode and sum the log-softmax.
+  # Wrong K/V caches after re-ordering beams would break this.
+  for source, (hypothesis, log_prob) in zip(src, three_beams):
+    target = np.array([hypothesis + ([EOS_ID] if len(hypothesis) < max_len
+                                     else [])], np.int32)
+    logits = model((source[None], target))[0]
+    log_softmax = jax.nn.log_softmax(logits[0], axis=-1)
+    expected = float(jnp.sum(log_softmax[np.arange(target.shape[1]),
+                                         target[0]]))
+    np.testing.assert_allclose(log_prob, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_select_beams_moves_eos_to_finished_and_keeps_n_alive():
+  vocab = 4  # candidates of 2 beams x 4 tokens, EOS is token 1
+  candidates = np.log(np.array([0.30, 0.25, 0.05, 0.02,
+                                0.20, 0.10, 0.06, 0.02]))
+  finished = []
+  scores, parents, tokens = evaluation._select_beams(  # pylint: disable=protected-access
+      candidates, 2, vocab, step=0, alpha=0.0, finished=finished)
+  assert finished == [(candidates[1], candidates[1], 0)]  # beam 0 + EOS
+  assert parents.tolist() == [0, 1] and tokens.tolist() == [0, 0]
+  np.testing.assert_allclose(scores, candidates[[0, 4]])
 
 
 @pytest.mark.parametrize('direction', ['builtin_to_plugin', 'plugin_to_builtin'])

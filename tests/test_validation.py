@@ -53,8 +53,12 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
   summary = validation.run_validation(config, str(out), log=lambda _: None)
   for name in ('report.md', 'summary.json', 'loss_curves.png',
                'cross_attention_0.png', 'cross_attention_1.png',
-               'decodes_builtin.txt', 'decodes_plugin.txt'):
+               'decodes_builtin.txt', 'decodes_plugin.txt',
+               'decodes_beam_builtin.txt', 'decodes_beam_plugin.txt'):
     assert (out / name).stat().st_size > 0, name
+  assert (out / 'decodes_beam_builtin.txt').read_text() == (
+      out / 'decodes_beam_plugin.txt').read_text()
+  assert summary['plugin']['beam_sentences'] == 2
   assert json.loads((out / 'summary.json').read_text()) == json.loads(
       json.dumps(summary, default=str))
   assert summary['steps'] == 12

@@ -67,10 +67,14 @@ class ValidationConfig:
   def check(self):
     for name in ('vocab_size', 'd_model', 'd_ff', 'n_layers', 'n_heads',
                  'max_length', 'batch_size', 'steps', 'eval_every',
-                 'decode_batch_size'):
+                 'decode_batch_size', 'n_beams'):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f'{name} must be a positive int; got {value!r}.')
+    for name in ('beam_sentences', 'heatmap_sentences'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 0:
+        raise ValueError(f'{name} must be an int >= 0; got {value!r}.')
     if self.d_model % self.n_heads:
       raise ValueError(f'd_model ({self.d_model}) must be divisible by '
                        f'n_heads ({self.n_heads}).')
@@ -178,6 +182,29 @@ def train_one(config, model_fn, train_batches, eval_batches, output_dir,
   log(f'trained steps {done + 1}-{config.steps} in {seconds:.1f} s, final '
       f'loss {loop.step_losses[-1]:.4f}')
   return loop, seconds
+
+
+def beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
+                       references, source_length, decode_length, log=print):
+  """Beam-search the first `config.beam_sentences` test sentences; scores.
+
+  Returns {} when none are asked for, else sacreBLEU/exact-match scores of
+  the beams plus 'sentences', 'seconds' and the 'hypotheses' themselves.
+  """
+  n = min(config.beam_sentences, len(source_ids))
+  if n == 0:
+    return {}
+  batch = max(1, min(config.decode_batch_size // config.n_beams, n))
+  log(f'beam search ({config.n_beams} beams) on {n} sentences, {batch} at '
+      'a time ...')
+  start = time.time()
+  ids = evaluation.beam_decode(
+      evaluation.predict_model(model_fn, checkpoint, batch * config.n_beams,
+                               source_length),
+      source_ids[:n], batch, source_length, config.n_beams, decode_length)
+  hypotheses = [vocab.decode(h) for h in ids]
+  return dict(evaluation.scores(hypotheses, references[:n]), sentences=n,
+              seconds=time.time() - start, hypotheses=hypotheses)
 
 
 def _eval_metric(loop, name):
@@ -310,16 +337,11 @@ def run_validation(config, output_dir, log=print):
     decode_seconds = time.time() - start
     hypotheses = [vocab.decode(h) for h in ids]
     decodes[label] = hypotheses
-    n_beam = min(config.beam_sentences, len(source_ids))
-    log(f'beam search ({config.n_beams} beams) on {n_beam} sentences ...')
-    beam = [vocab.decode(h) for h in evaluation.beam_decode(
-        evaluation.predict_model(model_fn, checkpoint, 1, source_length),
-        source_ids[:n_beam], source_length, config.n_beams, decode_length)]
+    beam = beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
+                              references, source_length, decode_length, log)
     results[label] = dict(
         evaluation.scores(hypotheses, references),
-        beam_exact_match=evaluation.scores(beam, references[:n_beam])[
-            'exact_match'],
-        beam_sentences=n_beam,
+        **{f'beam_{k}': v for k, v in beam.items() if k != 'hypotheses'},
         final_loss=loop.step_losses[-1],
         eval_loss=_eval_metric(loop, 'WeightedCategoryCrossEntropy'),
         eval_accuracy=_eval_metric(loop, 'WeightedCategoryAccuracy'),
@@ -330,6 +352,9 @@ def run_validation(config, output_dir, log=print):
     with open(os.path.join(output_dir, f'decodes_{label}.txt'), 'w',
               encoding='utf-8') as f:
       f.writelines(h + '\n' for h in hypotheses)
+    with open(os.path.join(output_dir, f'decodes_beam_{label}.txt'), 'w',
+              encoding='utf-8') as f:
+      f.writelines(h + '\n' for h in beam.get('hypotheses', []))
 
     if implementation == 'trax_qkv' or (
         'trax_qkv' not in config.implementations
@@ -368,13 +393,17 @@ def render_report(summary, labels):
           ('BLEU (lowercased)', 'bleu_lowercase', '{:.2f}'),
           ('chrF (sacreBLEU)', 'chrf', '{:.2f}'),
           ('exact match, greedy', 'exact_match', '{:.2%}'),
-          ('exact match, beam (first sentences)', 'beam_exact_match',
-           '{:.2%}'),
+          ('BLEU lowercased, beam search (first N sentences)',
+           'beam_bleu_lowercase', '{:.2f}'),
+          ('exact match, beam search (first N sentences)',
+           'beam_exact_match', '{:.2%}'),
+          ('beam search: N sentences', 'beam_sentences', '{}'),
           ('final training loss', 'final_loss', '{:.6f}'),
           ('eval loss', 'eval_loss', '{:.4f}'),
           ('eval token accuracy', 'eval_accuracy', '{:.4f}'),
           ('training time (s)', 'train_seconds', '{:.1f}'),
-          ('greedy decoding time (s)', 'decode_seconds', '{:.1f}')]
+          ('greedy decoding time (s)', 'decode_seconds', '{:.1f}'),
+          ('beam search time (s)', 'beam_seconds', '{:.1f}')]
   c = summary['config']
   lines = [
       '# trax_qkv validation: built-in vs plugin cross-attention', '',
