@@ -156,7 +156,8 @@ def test_beam_search_builtin_and_plugin_agree_and_one_beam_is_greedy():
                                    **CONFIG)
 
       def prepared(rows, model_fn=model_fn):
-        return evaluation.predict_model(model_fn, path, rows, src_len)
+        return evaluation.predict_model(model_fn, path, rows, src_len,
+                                        max_len)
       greedy = evaluation.greedy_decode(prepared(3), sources, 3, src_len,
                                         max_len)
       one_beam = evaluation.beam_decode(prepared(3), sources, 3, src_len, 1,
@@ -182,6 +183,27 @@ def test_beam_search_builtin_and_plugin_agree_and_one_beam_is_greedy():
     expected = float(jnp.sum(log_softmax[np.arange(target.shape[1]),
                                          target[0]]))
     np.testing.assert_allclose(log_prob, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_predict_model_sizes_decoder_caches_only_in_its_scope():
+  model, src = _trained_eval_weights()
+  sources = [row.tolist() for row in src]
+  model_fn = functools.partial(trax_qkv.CrossAttentionTransformer, VOCAB,
+                               dropout=0.0, **CONFIG)
+
+  def longest_cache(layer):
+    return max(x.shape[1] for x in jax.tree_util.tree_leaves(layer.state)
+               if np.ndim(x) == 3 and x.shape[0] == 3 * CONFIG['n_heads'])
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, 'model.pkl.gz')
+    model.save_to_file(path)
+    short = evaluation.predict_model(model_fn, path, 3, src.shape[1], 8)
+    # Built after `short`, outside the scope: Trax's default size.
+    default = evaluation.predict_model(model_fn, path, 3, src.shape[1])
+    assert (longest_cache(short), longest_cache(default)) == (8, 2048)
+    decoded = [evaluation.greedy_decode(m, sources, 3, src.shape[1], 8)
+               for m in (short, default)]
+  assert decoded[0] == decoded[1]
 
 
 def test_select_beams_moves_eos_to_finished_and_keeps_n_alive():

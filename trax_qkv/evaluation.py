@@ -8,6 +8,7 @@ reset to its initial value before each batch -- trax's
 reuse the first call's encoder output.
 """
 
+import gin
 import jax
 import numpy as np
 import sacrebleu
@@ -36,15 +37,30 @@ def pad_rows(rows, width):
   return out
 
 
-def predict_model(model_fn, weights_file, batch_size, source_length):
+# gin scope in which predict_model builds its models (see there).
+DECODING_SCOPE = 'trax_qkv_decoding'
+
+
+def predict_model(model_fn, weights_file, batch_size, source_length,
+                  max_length=None):
   """A predict-mode model loaded from `weights_file` for fixed-shape batches.
 
   Args:
     model_fn: called as model_fn(mode='predict') -> Trax layer.
     weights_file: a Trax checkpoint (`model.pkl.gz`) or `save_to_file` file.
     batch_size, source_length: the shape every decoding batch will have.
+    max_length: the most tokens that will be decoded, if known. It sizes
+      the decoder self-attention caches, which Trax makes 2048 positions
+      long: every step attends over all of them (masked), and beam search
+      copies them when it re-orders beams. Set through a gin binding of
+      `trax.layers.CausalAttention.max_inference_length` scoped to
+      DECODING_SCOPE, so that no other model sees it.
   """
-  model = model_fn(mode='predict')
+  if max_length:
+    gin.bind_parameter(f'{DECODING_SCOPE}/trax.layers.CausalAttention.'
+                       'max_inference_length', max_length)
+  with gin.config_scope(DECODING_SCOPE if max_length else None):
+    model = model_fn(mode='predict')
   signature = shapes.signature((np.zeros((batch_size, source_length),
                                          np.int32),
                                 np.zeros((batch_size, 1), np.int32)))

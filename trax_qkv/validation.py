@@ -200,7 +200,7 @@ def beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
   start = time.time()
   ids = evaluation.beam_decode(
       evaluation.predict_model(model_fn, checkpoint, batch * config.n_beams,
-                               source_length),
+                               source_length, decode_length),
       source_ids[:n], batch, source_length, config.n_beams, decode_length)
   hypotheses = [vocab.decode(h) for h in ids]
   return dict(evaluation.scores(hypotheses, references[:n]), sentences=n,
@@ -332,7 +332,8 @@ def run_validation(config, output_dir, log=print):
         f'{batch}) ...')
     start = time.time()
     ids = evaluation.greedy_decode(
-        evaluation.predict_model(model_fn, checkpoint, batch, source_length),
+        evaluation.predict_model(model_fn, checkpoint, batch, source_length,
+                                 decode_length),
         source_ids, batch, source_length, decode_length)
     decode_seconds = time.time() - start
     hypotheses = [vocab.decode(h) for h in ids]
