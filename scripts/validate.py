@@ -59,8 +59,9 @@ def build_parser():
            "trax_qkv, i.e. built-in and plugin)")
   add('--max_test_sentences', type=int, default=None,
       help='decode only the first N test sentences')
-  add('--beam_sentences', type=int, default=10,
-      help='first N test sentences also decoded with beam search (0: none)')
+  add('--beam_sentences', type=int, default=None,
+      help='decode only the first N test sentences with beam search too '
+           '(default: all of them; 0: none)')
   add('--n_beams', type=int, default=4, help='beam size')
   return parser
 

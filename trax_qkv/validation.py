@@ -60,7 +60,7 @@ class ValidationConfig:
   implementations: tuple = ('trax', 'trax_qkv')
   max_test_sentences: int = None
   decode_batch_size: int = 100
-  beam_sentences: int = 10
+  beam_sentences: int = None  # None: every test sentence
   n_beams: int = 4
   heatmap_sentences: int = 3
 
@@ -73,6 +73,8 @@ class ValidationConfig:
         raise ValueError(f'{name} must be a positive int; got {value!r}.')
     for name in ('beam_sentences', 'heatmap_sentences'):
       value = getattr(self, name)
+      if value is None and name == 'beam_sentences':
+        continue
       if not isinstance(value, int) or value < 0:
         raise ValueError(f'{name} must be an int >= 0; got {value!r}.')
     if self.d_model % self.n_heads:
@@ -186,12 +188,14 @@ def train_one(config, model_fn, train_batches, eval_batches, output_dir,
 
 def beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
                        references, source_length, decode_length, log=print):
-  """Beam-search the first `config.beam_sentences` test sentences; scores.
+  """Beam search on the first `config.beam_sentences` test sentences.
 
+  None means every test sentence.
   Returns {} when none are asked for, else sacreBLEU/exact-match scores of
   the beams plus 'sentences', 'seconds' and the 'hypotheses' themselves.
   """
-  n = min(config.beam_sentences, len(source_ids))
+  n = len(source_ids) if config.beam_sentences is None else min(
+      config.beam_sentences, len(source_ids))
   if n == 0:
     return {}
   batch = max(1, min(config.decode_batch_size // config.n_beams, n))
