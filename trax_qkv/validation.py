@@ -190,9 +190,9 @@ def beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
                        references, source_length, decode_length, log=print):
   """Beam search on the first `config.beam_sentences` test sentences.
 
-  None means every test sentence.
-  Returns {} when none are asked for, else sacreBLEU/exact-match scores of
-  the beams plus 'sentences', 'seconds' and the 'hypotheses' themselves.
+  None means every test sentence. Returns {} when there are none, else
+  the beams' sacreBLEU / exact-match scores, 'sentences', 'seconds' and
+  the 'hypotheses' themselves.
   """
   n = len(source_ids) if config.beam_sentences is None else min(
       config.beam_sentences, len(source_ids))
