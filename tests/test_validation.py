@@ -40,6 +40,12 @@ def test_bad_config_is_rejected_before_any_work(tmp_path):
     validation.run_validation(
         validation.ValidationConfig(implementations=('nope',)),
         str(tmp_path / 'out'))
+  with pytest.raises(ValueError, match='beam_sentences must be an int >= 0'):
+    validation.run_validation(validation.ValidationConfig(beam_sentences=-1),
+                              str(tmp_path / 'out'))
+  with pytest.raises(ValueError, match='n_beams must be a positive int'):
+    validation.run_validation(validation.ValidationConfig(n_beams=0),
+                              str(tmp_path / 'out'))
   assert not (tmp_path / 'out').exists()
 
 
