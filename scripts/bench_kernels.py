@@ -11,8 +11,6 @@ error of each implementation; writes kernel_bench.json and kernel_bench.md.
 """
 
 import argparse
-import json
-import os
 
 
 def main(argv=None):
@@ -36,12 +34,9 @@ def main(argv=None):
   from trax_qkv import kernel_bench  # pylint: disable=g-import-not-at-top
   results = kernel_bench.run(rounds=args.rounds,
                              shapes=[tuple(s) for s in args.shape or ()])
-  os.makedirs(args.output_dir, exist_ok=True)
-  with open(os.path.join(args.output_dir, 'kernel_bench.json'), 'w') as f:
-    json.dump(results, f, indent=2)
-  with open(os.path.join(args.output_dir, 'kernel_bench.md'), 'w') as f:
-    f.write(kernel_bench.markdown(results))
-  print(kernel_bench.markdown(results))
+  table = kernel_bench.markdown(results)
+  kernel_bench.write_results(results, args.output_dir, 'kernel_bench', table)
+  print(table)
   print(f'written to {args.output_dir}/kernel_bench.json and kernel_bench.md')
 
 

@@ -10,8 +10,6 @@ is measured by `trax_qkv.kernel_bench`.
 
 import functools
 import itertools
-import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +20,7 @@ from trax import shapes
 from trax.supervised import training
 
 import trax_qkv
-from trax_qkv.kernel_bench import interleaved_medians
-from trax_qkv.kernel_bench import matmul_flops_per_second
+from trax_qkv import kernel_bench
 
 LAYER_SHAPES = ((32, 64, 64, 256, 8), (8, 256, 256, 256, 8),
                 (4, 1024, 1024, 256, 8), (1, 4096, 4096, 256, 8))
@@ -50,11 +47,9 @@ def attention_flops(batch, lq, lk, d):
   return projections + 4 * batch * lq * lk * d
 
 
-def _layer_inputs(batch, lq, lk, d, dtype=jnp.float32):
-  keys = jax.random.split(jax.random.PRNGKey(0), 3)
-  q = jax.random.normal(keys[0], (batch, lq, d), dtype)
-  kv = jax.random.normal(keys[1], (batch, lk, d), dtype)
-  mask = jnp.ones((batch, 1, 1, lk), bool).at[:, ..., lk - lk // 8:].set(False)
+def _layer_inputs(batch, lq, lk, d):
+  """Inputs (q, kv, kv, mask) of AttentionQKV; K and V inputs are the same."""
+  q, kv, _, mask = kernel_bench.core_inputs(batch, lq, lk, d, jnp.float32)
   return q, kv, kv, mask
 
 
@@ -70,11 +65,8 @@ def _compiled(layer, x, backward):
     loss = lambda w, q, k, v: jnp.sum(forward(w, (q, k, v, x[3])))
     return jax.grad(loss, argnums=(0, 1, 2, 3))(weights, *x[:3])
 
-  fn = jax.jit(forward_backward if backward else forward)
-  compiled = fn.lower(weights, x).compile()
-  memory = compiled.memory_analysis()
-  temp = getattr(memory, 'temp_size_in_bytes', None) if memory else None
-  return (lambda: compiled(weights, x)), temp
+  return kernel_bench.compile_with_temp_bytes(
+      forward_backward if backward else forward, weights, x)
 
 
 def bench_layer_shape(batch, lq, lk, d, heads, rounds):
@@ -87,7 +79,7 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
     for name, factory in contenders().items():
       fns[name], memory[name] = _compiled(factory(d, heads, 'eval'), x,
                                           backward)
-    seconds = interleaved_medians(fns, rounds)
+    seconds = kernel_bench.interleaved_medians(fns, rounds)
     for name in fns:
       result.setdefault(name, {})[f'{key}_ms'] = seconds[name] * 1e3
       result[name][f'{key}_temp_mb'] = (memory[name] / 2**20
@@ -135,7 +127,7 @@ def decoding_tokens_per_second(implementations, batch=32, src_len=32,
         out.append(token)
       return jnp.concatenate(out, axis=1)
     fns[impl] = decode
-  seconds = interleaved_medians(fns, rounds)
+  seconds = kernel_bench.interleaved_medians(fns, rounds)
   return {impl: batch * steps / s for impl, s in seconds.items()}
 
 
@@ -156,7 +148,7 @@ def training_steps_per_second(implementations, steps=20, rounds=3,
                          checkpoint_at=lambda _: False)
     fns[impl] = functools.partial(
         lambda loop: (loop.run(steps), loop.model.weights)[1], loop)
-  seconds = interleaved_medians(fns, rounds)
+  seconds = kernel_bench.interleaved_medians(fns, rounds)
   return {impl: steps / s for impl, s in seconds.items()}
 
 
@@ -166,7 +158,7 @@ def run(rounds=5, quick=False, log=print):
   cross = (1, 64, 1024, 256, 8) if quick else CROSS_SHAPE
   results = {'device': jax.devices()[0].device_kind,
              'backend': jax.default_backend(), 'rounds': rounds,
-             'matmul_gflops': matmul_flops_per_second(
+             'matmul_gflops': kernel_bench.matmul_flops_per_second(
                  1024 if quick else 2048, rounds) / 1e9}
   log(f"matmul: {results['matmul_gflops']:.1f} GFLOP/s")
   results['layers'] = []
@@ -234,9 +226,4 @@ def markdown(results):
 
 
 def write(results, output_dir):
-  os.makedirs(output_dir, exist_ok=True)
-  with open(os.path.join(output_dir, 'bench.json'), 'w') as f:
-    json.dump(results, f, indent=2)
-  with open(os.path.join(output_dir, 'bench.md'), 'w') as f:
-    f.write(markdown(results))
-
+  kernel_bench.write_results(results, output_dir, 'bench', markdown(results))

@@ -179,7 +179,8 @@ def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
   """Attention over key blocks with an online softmax; O(Lq*block) memory.
 
   Each step slices one block of keys and values out of K and V (no stacked
-  copies; one padded copy only when Lk is not a multiple of the block), and `jax.checkpoint` recomputes its logits in the backward pass, so no
+  copies; one padded copy only when Lk is not a multiple of the block), and
+  `jax.checkpoint` recomputes its logits in the backward pass, so no
   (Lq, Lk)-sized array is ever stored. With `project_k` / `project_v`
   (functions (batch, block, d_in) -> (batch, block, d)), `k` and `v` are the
   unprojected inputs and are projected block by block, so the projected

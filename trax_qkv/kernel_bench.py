@@ -12,6 +12,8 @@ and waits once, so that on a GPU the launch latency of a short kernel is
 not what is measured.
 """
 
+import json
+import os
 import time
 
 import jax
@@ -60,6 +62,27 @@ def matmul_flops_per_second(n=2048, rounds=5, dtype=jnp.float32, calls=1):
   return 2 * n ** 3 / seconds
 
 
+def compile_with_temp_bytes(fn, *args):
+  """(zero-argument callable running jitted `fn(*args)`, XLA temp bytes).
+
+  Temporary bytes are XLA's accounting of the compiled program's scratch
+  buffers (`memory_analysis()`), None where the backend does not report it.
+  """
+  compiled = jax.jit(fn).lower(*args).compile()
+  memory = compiled.memory_analysis()
+  temp = getattr(memory, 'temp_size_in_bytes', None) if memory else None
+  return (lambda: compiled(*args)), temp
+
+
+def write_results(results, output_dir, name, table):
+  """{output_dir}/{name}.json (the results) and {name}.md (`table`)."""
+  os.makedirs(output_dir, exist_ok=True)
+  with open(os.path.join(output_dir, f'{name}.json'), 'w') as f:
+    json.dump(results, f, indent=2)
+  with open(os.path.join(output_dir, f'{name}.md'), 'w') as f:
+    f.write(table)
+
+
 def core_flops(batch, lq, lk, d):
   """Forward FLOPs of the attention math: Q K^T and weights @ V."""
   return 4 * batch * lq * lk * d
@@ -91,11 +114,8 @@ def compiled_core(implementation, inputs, n_heads, backward):
     return jax.grad(lambda *x: jnp.sum(forward(*x)), argnums=(0, 1, 2))(
         q, k, v)
 
-  compiled = jax.jit(forward_backward if backward else forward).lower(
-      q, k, v).compile()
-  memory = compiled.memory_analysis()
-  temp = getattr(memory, 'temp_size_in_bytes', None) if memory else None
-  return (lambda: compiled(q, k, v)), temp
+  return compile_with_temp_bytes(forward_backward if backward else forward,
+                                 q, k, v)
 
 
 def implementations_for(dtype):
