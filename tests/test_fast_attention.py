@@ -15,6 +15,8 @@ from helpers import qkv_inputs
 
 RTOL = 1e-5
 FAST = ('fused', 'chunked', 'cudnn', 'auto')
+# The math tests also run 'fused' with steps of query blocks.
+FAST_MATH = FAST + ('fused:query_blocks',)
 CASES = {
     'padding': dict(lq=5, lk=7, pad_from=4),
     'lq_ne_lk': dict(lq=11, lk=23, pad_from=9),
@@ -38,8 +40,11 @@ def _case(name, fully_masked_row=True):
 def _implementation(name):
   if name == 'chunked':  # small blocks, so several blocks and a ragged last
     return functools.partial(fast_attention.chunked_attention, block_size=4)
-  if name == 'fused':  # one (batch, head) pair per step: many steps
+  if name == 'fused':  # one query of one (batch, head) pair per step
     return functools.partial(fast_attention.fused_attention, step_elements=1)
+  if name == 'fused:query_blocks':  # 2 queries per step, odd Lq padded
+    return lambda q, k, v, *rest: fast_attention.fused_attention(
+        q, k, v, *rest, step_elements=2 * k.shape[1])
   return functools.partial(fast_attention.attend, implementation=name)
 
 
@@ -49,7 +54,7 @@ def _relative_error(x, reference):
 
 
 @pytest.mark.parametrize('case', sorted(CASES))
-@pytest.mark.parametrize('name', FAST)
+@pytest.mark.parametrize('name', FAST_MATH)
 def test_forward_and_gradients_match_reference(case, name):
   n_heads, (q, k, v, mask) = _case(case)
   fast = _implementation(name)
@@ -78,7 +83,7 @@ def test_fully_masked_rows_match_trax():
       jnp.broadcast_to(v_heads.sum(axis=2, keepdims=True),
                        (1, n_heads, q.shape[1], v_heads.shape[-1])))
   np.testing.assert_allclose(ref[:1], expected, rtol=1e-5, atol=1e-5)
-  for name in FAST:
+  for name in FAST_MATH:
     out = _implementation(name)(q, k, v, mask, n_heads)
     assert _relative_error(out, ref) < RTOL
 
@@ -100,35 +105,54 @@ def test_blockwise_dropout_keeps_expectation(name):
 
 
 @pytest.mark.parametrize('mask_rows', ['keys', 'full'])
-def test_fused_dropout_gradient_matches_autodiff(mask_rows):
-  """The hand-written backward agrees with JAX differentiating the forward."""
+@pytest.mark.parametrize('layout', ['row_groups', 'query_blocks'])
+def test_fused_dropout_gradient_matches_autodiff(mask_rows, layout):
+  """The hand-written backward agrees with JAX differentiating the forward,
+  with dropout, for steps of several rows and for query blocks whose dK and
+  dV sum across the loop."""
   n_heads, (q, k, v, mask) = _case('lq_ne_lk' if mask_rows == 'keys'
                                    else 'partial_rows')
-  group = 2  # 8 (batch, head) rows in 4 steps of 2
+  rows = attention_math.split_heads(q, n_heads).shape[:2]
+  n_rows, lq = rows[0] * rows[1], q.shape[1]
+  if layout == 'row_groups':  # 8 rows in 4 steps of 2
+    group, n_blocks = 2, 1
+  else:  # one row per step, its queries in blocks of 2 (Lq: 11 or 6)
+    group, n_blocks = 1, -(-lq // 2)
+  pad = n_blocks * -(-lq // n_blocks) - lq
 
-  def grouped(x):
-    x = attention_math.split_heads(x, n_heads)
-    return x.reshape((-1, group) + x.shape[2:])
+  def split(x, queries=False):
+    x = attention_math.split_heads(x, n_heads).reshape(
+        (n_rows,) + x.shape[1:2] + (-1,))
+    if not queries:
+      return x.reshape((-1, group) + x.shape[1:])
+    x = jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
+    return jnp.swapaxes(x.reshape((-1, group, n_blocks, x.shape[1] // n_blocks,
+                                   x.shape[2])), 1, 2)
 
-  qh, kh, vh = (grouped(x) for x in (q, k, v))
-  rest = (mask.astype(bool), n_heads, 0.3, jax.random.PRNGKey(4))
+  qh, kh, vh = split(q, queries=True), split(k), split(v)
+  mask = mask.astype(bool)[:, 0]
+  if mask.shape[1] > 1:
+    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)), constant_values=True)
+  rest = (mask, n_heads, 0.3, jax.random.PRNGKey(4))
   cotangent = jax.random.normal(jax.random.PRNGKey(5), qh.shape)
   grads = [
       jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v) * cotangent),
                argnums=(0, 1, 2))(qh, kh, vh)
-      for f in (lambda q, k, v: fast_attention._grouped_core(q, k, v, *rest),  # pylint: disable=protected-access
-                lambda q, k, v: fast_attention._grouped_forward(  # pylint: disable=protected-access
+      for f in (lambda q, k, v: fast_attention._blocked_core(q, k, v, *rest),  # pylint: disable=protected-access
+                lambda q, k, v: fast_attention._blocked_forward(  # pylint: disable=protected-access
                     q, k, v, *rest)[0])]
   for custom, autodiff in zip(*grads):
     assert _relative_error(custom, autodiff) < RTOL
 
 
-def test_fused_groups_tile_the_heads():
-  heads_per_step = fast_attention._heads_per_step  # pylint: disable=protected-access
-  assert heads_per_step(32, 64, 64) == 32      # small: one step
-  assert heads_per_step(32, 1024, 1024) == 1   # big: one head per step
-  assert heads_per_step(24, 128, 256, target=2**18) == 8  # largest divisor
-  assert heads_per_step(7, 8, 8, target=30) == 1
+def test_fused_step_sizes():
+  step_sizes = fast_attention._step_sizes  # pylint: disable=protected-access
+  assert step_sizes(32, 64, 64) == (32, 64)      # small: one step
+  assert step_sizes(32, 1024, 1024) == (1, 1024)  # one head per step
+  assert step_sizes(24, 128, 256, target=2**18) == (8, 128)  # a divisor
+  assert step_sizes(8, 4096, 4096) == (1, 256)   # query blocks
+  assert step_sizes(8, 4099, 4096) == (1, 242)   # 17 blocks, 15 padded
+  assert step_sizes(7, 8, 8, target=30) == (1, 3)
 
 
 def test_auto_chooses_by_shape_and_device():
