@@ -105,54 +105,38 @@ def test_blockwise_dropout_keeps_expectation(name):
 
 
 @pytest.mark.parametrize('mask_rows', ['keys', 'full'])
-@pytest.mark.parametrize('layout', ['row_groups', 'query_blocks'])
+@pytest.mark.parametrize('layout', ['batch_entries', 'heads', 'query_blocks'])
 def test_fused_dropout_gradient_matches_autodiff(mask_rows, layout):
   """The hand-written backward agrees with JAX differentiating the forward,
-  with dropout, for steps of several rows and for query blocks whose dK and
-  dV sum across the loop."""
+  with dropout, for steps of whole batch entries, of some heads, and of
+  query blocks (whose dK and dV add up across steps)."""
   n_heads, (q, k, v, mask) = _case('lq_ne_lk' if mask_rows == 'keys'
                                    else 'partial_rows')
-  rows = attention_math.split_heads(q, n_heads).shape[:2]
-  n_rows, lq = rows[0] * rows[1], q.shape[1]
-  if layout == 'row_groups':  # 8 rows in 4 steps of 2
-    group, n_blocks = 2, 1
-  else:  # one row per step, its queries in blocks of 2 (Lq: 11 or 6)
-    group, n_blocks = 1, -(-lq // 2)
-  pad = n_blocks * -(-lq // n_blocks) - lq
-
-  def split(x, queries=False):
-    x = attention_math.split_heads(x, n_heads).reshape(
-        (n_rows,) + x.shape[1:2] + (-1,))
-    if not queries:
-      return x.reshape((-1, group) + x.shape[1:])
-    x = jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
-    return jnp.swapaxes(x.reshape((-1, group, n_blocks, x.shape[1] // n_blocks,
-                                   x.shape[2])), 1, 2)
-
-  qh, kh, vh = split(q, queries=True), split(k), split(v)
-  mask = mask.astype(bool)[:, 0]
-  if mask.shape[1] > 1:
-    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)), constant_values=True)
-  rest = (mask, n_heads, 0.3, jax.random.PRNGKey(4))
-  cotangent = jax.random.normal(jax.random.PRNGKey(5), qh.shape)
+  lq = q.shape[1]
+  tiles = {'batch_entries': (2, n_heads, lq), 'heads': (1, 2, lq),
+           'query_blocks': (1, 1, 2 if lq % 2 == 0 else 1)}[layout]
+  rest = (mask.astype(bool)[:, 0], tiles, n_heads, 0.3,
+          jax.random.PRNGKey(4))
+  cotangent = jax.random.normal(jax.random.PRNGKey(5), q.shape)
   grads = [
       jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v) * cotangent),
-               argnums=(0, 1, 2))(qh, kh, vh)
-      for f in (lambda q, k, v: fast_attention._blocked_core(q, k, v, *rest),  # pylint: disable=protected-access
-                lambda q, k, v: fast_attention._blocked_forward(  # pylint: disable=protected-access
+               argnums=(0, 1, 2))(q, k, v)
+      for f in (lambda q, k, v: fast_attention._fused_core(q, k, v, *rest),  # pylint: disable=protected-access
+                lambda q, k, v: fast_attention._fused_forward(  # pylint: disable=protected-access
                     q, k, v, *rest)[0])]
   for custom, autodiff in zip(*grads):
     assert _relative_error(custom, autodiff) < RTOL
 
 
-def test_fused_step_sizes():
-  step_sizes = fast_attention._step_sizes  # pylint: disable=protected-access
-  assert step_sizes(32, 64, 64) == (32, 64)      # small: one step
-  assert step_sizes(32, 1024, 1024) == (1, 1024)  # one head per step
-  assert step_sizes(24, 128, 256, target=2**18) == (8, 128)  # a divisor
-  assert step_sizes(8, 4096, 4096) == (1, 256)   # query blocks
-  assert step_sizes(8, 4099, 4096) == (1, 242)   # 17 blocks, 15 padded
-  assert step_sizes(7, 8, 8, target=30) == (1, 3)
+def test_fused_step_tiles():
+  step_tiles = fast_attention._step_tiles  # pylint: disable=protected-access
+  assert step_tiles(32, 8, 64, 64) == (32, 8, 64)     # small: one step
+  assert step_tiles(8, 8, 256, 256) == (2, 8, 256)    # whole batch entries
+  assert step_tiles(4, 8, 1024, 1024) == (1, 1, 1024)  # one head per step
+  assert step_tiles(3, 6, 128, 256, target=2**17) == (1, 3, 128)  # heads
+  assert step_tiles(1, 8, 4096, 4096) == (1, 1, 256)  # query blocks
+  assert step_tiles(1, 8, 4099, 4096) == (1, 1, 242)  # 17 blocks, 15 padded
+  assert step_tiles(1, 1, 8, 8, target=30) == (1, 1, 3)
 
 
 def test_auto_chooses_by_shape_and_device():

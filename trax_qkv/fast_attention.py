@@ -7,14 +7,15 @@ query row weigh every key by 1 in trax -- within float32 rounding, but not
 bit for bit. The layers use them when asked for through `implementation`:
 
   'reference'  attention_math: bit-identical to trax 1.4.1.
-  'fused'      a loop over groups of (batch, head) pairs, 1/sqrt(d_head)
-               folded into Q; mask, softmax and the V product done per group
-               while its logits are in cache, and a hand-written backward
-               pass that recomputes the weights from the saved logsumexp:
-               memory for one group's logits, not all of them. Dropout masks
-               are drawn per group (same rate, other bits). Fastest on CPUs;
-               a GPU runs the loop's steps one after another, so there
-               'auto' runs 'reference' (or cuDNN) instead.
+  'fused'      a loop over cache-sized tiles of (batch entries, heads,
+               queries), sliced out of the (batch, L, d) arrays as they are
+               (no head transposes); mask, softmax and the V product done
+               per tile while its logits are in cache, and a hand-written
+               backward pass that recomputes the weights from the saved
+               logsumexp: memory for one tile's logits, not all of them.
+               Dropout masks are drawn per tile (same rate, other bits).
+               Fastest on CPUs; a GPU runs the loop's steps one after
+               another, so there 'auto' runs 'reference' (or cuDNN).
   'chunked'    keys in blocks with an online softmax (lax.scan): memory
                O(Lq * block) instead of O(Lq * Lk), forward and backward.
                Dropout masks are drawn per block (same rate, other bits).
@@ -44,7 +45,9 @@ _BLOCK_PAD_FILL = -1e30
 FEW_QUERIES = 64
 CHUNKED_MIN_KEYS = 4096
 DEFAULT_BLOCK_SIZE = 512
-# Logits per loop step in 'fused': 2**20 floats (4 MB), measured best on CPU.
+# Logits per loop step in 'fused': 2**20 floats (4 MB), measured best on CPU
+# (AttentionQKV fwd+bwd at lengths 1024 and 4096: 2**19 ran 6-15% slower,
+# 2**18 35-70% slower).
 DEFAULT_STEP_ELEMENTS = 2 ** 20
 
 
@@ -59,19 +62,23 @@ def _mask_bhqk(mask):
   return None if mask is None else mask.astype(bool)
 
 
-def _step_sizes(n_rows, lq, lk, target=DEFAULT_STEP_ELEMENTS):
-  """(rows, queries) per 'fused' step, so that its logits fit `target`.
+def _step_tiles(batch, n_heads, lq, lk, target=DEFAULT_STEP_ELEMENTS):
+  """(batch entries, heads, queries) per 'fused' step: the step's logits
+  fit `target` floats.
 
-  Whole (batch * head) rows when one row's (Lq, Lk) logits fit, as many as
-  the largest divisor of n_rows allows; otherwise one row per step and its
-  queries in near-equal blocks (the last one padded), so that no length --
-  a prime one included -- forces tiny steps.
+  Whole batch entries while one entry's (heads, Lq, Lk) logits fit, as many
+  as the largest divisor of `batch` allows; else heads of one entry, the
+  same way; else one head's queries in near-equal blocks (the last padded),
+  so that no length -- a prime one included -- forces tiny steps.
   """
+  def largest_divisor(n, size):
+    return max(g for g in range(1, n + 1) if n % g == 0 and g * size <= target)
+  if n_heads * lq * lk <= target:
+    return largest_divisor(batch, n_heads * lq * lk), n_heads, lq
   if lq * lk <= target:
-    return max(g for g in range(1, n_rows + 1)
-               if n_rows % g == 0 and g * lq * lk <= target), lq
+    return 1, largest_divisor(n_heads, lq * lk), lq
   n_blocks = -(-lq // max(1, target // lk))
-  return 1, -(-lq // n_blocks)
+  return 1, 1, -(-lq // n_blocks)
 
 
 def _keep_mask(rng, index, rate, shape):
@@ -79,165 +86,222 @@ def _keep_mask(rng, index, rate, shape):
                               shape)
 
 
-def _block_mask(mask, row_group, block, group, n_queries, n_heads):
-  """The (group, n_queries|1, Lk) mask of one step.
+class _Tiling:
+  """Where step i of the 'fused' loop reads and writes.
 
-  `mask` is (batch|1, Lq|1, Lk); each batch entry's row serves the n_heads
-  consecutive (batch * head) rows of that entry.
+  Arrays keep their (batch, L, heads * d_head) layout: a step slices its
+  batch entries, queries and heads out of them, so no transposed copy of
+  Q, K, V or their gradients is ever made.
   """
-  rows = row_group * group + jnp.arange(group)
-  batch_index = rows // n_heads if mask.shape[0] > 1 else jnp.zeros_like(rows)
-  mask = jnp.take(mask, batch_index, axis=0)
-  if mask.shape[1] == 1:  # one mask row for every query
-    return mask
-  return jax.lax.dynamic_slice_in_dim(mask, block * n_queries, n_queries, 1)
+
+  def __init__(self, q, k, mask, tiles, n_heads):
+    self.batch, self.lq, d = q.shape
+    self.lk = k.shape[1]
+    self.n_batch, self.n_heads_step, self.n_queries = tiles
+    self.n_heads = n_heads
+    self.d_head = d // n_heads
+    self.mask = mask
+    self.counts = (self.batch // self.n_batch, n_heads // self.n_heads_step,
+                   self.lq // self.n_queries)
+    self.n_steps = self.counts[0] * self.counts[1] * self.counts[2]
+
+  def origin(self, step):
+    """(first batch entry, first query, first feature) of a step."""
+    _, n_h, n_q = self.counts
+    return (step // (n_h * n_q) * self.n_batch,
+            step % n_q * self.n_queries,
+            step // n_q % n_h * self.n_heads_step * self.d_head)
+
+  def read(self, x, step, queries):
+    """The step's (n_batch * n_heads_step, L, d_head) slice of a (batch, L,
+    d) array: its queries only if `queries`, else the whole length."""
+    b, q, f = self.origin(step)
+    length = self.n_queries if queries else x.shape[1]
+    x = jax.lax.dynamic_slice(
+        x, (b, q if queries else 0, f),
+        (self.n_batch, length, self.n_heads_step * self.d_head))
+    # (n_batch, L, heads, d_head) -> (n_batch * heads, L, d_head); moves no
+    # data when the step has one head.
+    x = x.reshape((self.n_batch, length, self.n_heads_step, self.d_head))
+    return jnp.swapaxes(x, 1, 2).reshape((-1, length, self.d_head))
+
+  def write(self, x, rows, step, queries):
+    """x with the step's (n_batch * n_heads_step, L, d_head) rows written."""
+    b, q, f = self.origin(step)
+    rows = rows.reshape((self.n_batch, self.n_heads_step) + rows.shape[1:])
+    rows = jnp.swapaxes(rows, 1, 2).reshape(
+        (self.n_batch, rows.shape[2], -1)).astype(x.dtype)
+    return jax.lax.dynamic_update_slice(x, rows, (b, q if queries else 0, f))
+
+  def step_mask(self, step):
+    """The step's mask, broadcastable to its (rows, queries, Lk) logits."""
+    b, q, _ = self.origin(step)
+    mask = self.mask
+    size = (self.n_batch if mask.shape[0] > 1 else 1,
+            self.n_queries if mask.shape[1] > 1 else 1, self.lk)
+    mask = jax.lax.dynamic_slice(
+        mask, (b if mask.shape[0] > 1 else 0, q if mask.shape[1] > 1 else 0,
+               0), size)
+    if mask.shape[0] == 1:
+      return mask
+    return jnp.repeat(mask, self.n_heads_step, axis=0)  # batch-major rows
+
+  def read_lse(self, lse, step):
+    """The step's (rows, queries, 1) slice of a (batch * heads, Lq) array."""
+    b, q, f = self.origin(step)
+    row = b * self.n_heads + f // self.d_head
+    return jax.lax.dynamic_slice(
+        lse, (row, q), (self.n_batch * self.n_heads_step,
+                        self.n_queries))[..., None]
+
+  def write_lse(self, lse, rows, step):
+    b, q, f = self.origin(step)
+    row = b * self.n_heads + f // self.d_head
+    return jax.lax.dynamic_update_slice(lse, rows[..., 0].astype(lse.dtype),
+                                        (row, q))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _blocked_core(q, k, v, mask, n_heads, rate, rng):
-  return _blocked_forward(q, k, v, mask, n_heads, rate, rng)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _fused_core(q, k, v, mask, tiles, n_heads, rate, rng):
+  return _fused_forward(q, k, v, mask, tiles, n_heads, rate, rng)[0]
 
 
-def _blocked_forward(q, k, v, mask, n_heads, rate, rng):
-  """Attention step by step over (row group, query block).
+def _fused_forward(q, k, v, mask, tiles, n_heads, rate, rng):
+  """Attention over (batch, Lq, d) q and (batch, Lk, d) k, v, step by step.
 
-  Args:
-    q: (row groups, query blocks, group, queries, d_head), already scaled.
-    k, v: (row groups, group, Lk, d_head).
-    mask: bool (batch|1, padded Lq|1, Lk).
-    n_heads, rate, rng: heads per batch entry; dropout rate and key.
-
-  Returns:
-    The output, shaped like q, and the residuals of the backward pass.
+  `mask` is bool (batch|1, Lq|1, Lk), `tiles` what `_step_tiles` returns
+  (Lq a multiple of its queries). Returns the float32 output and the
+  residuals of the backward pass.
   """
-  n_blocks, group, n_queries = q.shape[1:4]
+  tiling = _Tiling(q, k, mask, tiles, n_heads)
+  scale = jnp.asarray(1.0 / tiling.d_head ** 0.5, q.dtype)
 
-  def one_group(x):
-    q_group, k_group, v_group, row_group = x
+  def one_step(step, carry):
+    out, lse = carry
+    logits = jnp.where(
+        tiling.step_mask(step),
+        jnp.einsum('gqd,gkd->gqk', tiling.read(q, step, True) * scale,
+                   tiling.read(k, step, False)), MASK_FILL)
+    # Two passes over the logits, not three: V is weighted by
+    # exp(logits - max) and the row sums are divided out of the small
+    # (queries, d_head) result.
+    row_max = jnp.max(logits, axis=-1, keepdims=True)
+    unnormalised = jnp.exp(logits - row_max)
+    step_lse = row_max + jnp.log(jnp.sum(unnormalised, axis=-1,
+                                         keepdims=True))
+    if rate > 0.0:
+      unnormalised = jnp.where(
+          _keep_mask(rng, step, rate, unnormalised.shape),
+          unnormalised / (1.0 - rate), 0.0)
+    # exp(max - lse) rounds as the reference's exp(logits - lse) does: in a
+    # fully masked row lse rounds to -1e9 and every key weighs 1.
+    rows = (jnp.einsum('gqk,gkd->gqd', unnormalised,
+                       tiling.read(v, step, False))
+            * jnp.exp(row_max - step_lse))
+    return (tiling.write(out, rows, step, True),
+            tiling.write_lse(lse, step_lse, step))
 
-    def one_block(y):
-      q_block, block = y
-      logits = jnp.where(
-          _block_mask(mask, row_group, block, group, n_queries, n_heads),
-          jnp.einsum('gqd,gkd->gqk', q_block, k_group), MASK_FILL)
-      # Two passes over the logits, not three: V is weighted by
-      # exp(logits - max) and the row sums are divided out of the small
-      # (queries, d_head) result.
-      row_max = jnp.max(logits, axis=-1, keepdims=True)
-      unnormalised = jnp.exp(logits - row_max)
-      lse = row_max + jnp.log(jnp.sum(unnormalised, axis=-1, keepdims=True))
-      if rate > 0.0:
-        keep = _keep_mask(rng, row_group * n_blocks + block, rate,
-                          unnormalised.shape)
-        unnormalised = jnp.where(keep, unnormalised / (1.0 - rate), 0.0)
-      # exp(max - lse) rounds as the reference's exp(logits - lse) does: in a
-      # fully masked row lse rounds to -1e9 and every key weighs 1.
-      return (jnp.einsum('gqk,gkd->gqd', unnormalised, v_group)
-              * jnp.exp(row_max - lse)), lse
-
-    return jax.lax.map(one_block, (q_group, jnp.arange(n_blocks)))
-
-  out, lse = jax.lax.map(one_group, (q, k, v, jnp.arange(q.shape[0])))
+  out = jnp.zeros(q.shape[:2] + (v.shape[-1],), jnp.float32)
+  lse = jnp.zeros((q.shape[0] * n_heads, q.shape[1]), jnp.float32)
+  out, lse = jax.lax.fori_loop(0, tiling.n_steps, one_step, (out, lse))
   return out, (q, k, v, mask, rng, out, lse)
 
 
-def _blocked_backward(n_heads, rate, residuals, d_out):
+def _fused_backward(tiles, n_heads, rate, residuals, d_out):
   """Per step, the weights are recomputed from the saved logsumexp (as flash
   attention does) and the softmax backward uses rowsum(dO * O), which equals
   rowsum(dW * W) also with dropout and is (queries, d_head), not (queries,
-  Lk). dK and dV sum over a row group's query blocks in the loop carry."""
+  Lk). An inner loop runs a tile's query blocks and sums their dK and dV."""
   q, k, v, mask, rng, out, lse = residuals
-  n_blocks, group, n_queries = q.shape[1:4]
+  tiling = _Tiling(q, k, mask, tiles, n_heads)
+  scale = jnp.asarray(1.0 / tiling.d_head ** 0.5, q.dtype)
+  n_blocks = tiling.counts[2]
+  # rowsum(dO * O) of every (batch * head, query), in one pass up front.
+  batch, lq, _ = out.shape
+  all_row_sums = jnp.sum((d_out * out).reshape(
+      (batch, lq, n_heads, tiling.d_head)), axis=-1)
+  all_row_sums = jnp.swapaxes(all_row_sums, 1, 2).reshape((-1, lq))
 
-  def one_group(x):
-    q_group, k_group, v_group, row_group, out_group, lse_group, d_out_group = x
+  def one_block(step, carry):
+    d_q, d_k_t, d_v_t = carry
+    q_step = tiling.read(q, step, True) * scale
+    k_step, v_step = tiling.read(k, step, False), tiling.read(v, step, False)
+    d_out_step = tiling.read(d_out, step, True)
+    step_lse = tiling.read_lse(lse, step)
+    logits = jnp.where(tiling.step_mask(step),
+                       jnp.einsum('gqd,gkd->gqk', q_step, k_step), MASK_FILL)
+    weights = jnp.exp(logits - step_lse)
+    d_weights = jnp.einsum('gqd,gkd->gqk', d_out_step, v_step)
+    kept = weights
+    if rate > 0.0:
+      keep = _keep_mask(rng, step, rate, weights.shape)
+      kept = jnp.where(keep, weights / (1.0 - rate), 0.0)
+      d_weights = jnp.where(keep, d_weights / (1.0 - rate), 0.0)
+    row_sums = tiling.read_lse(all_row_sums, step)
+    # Masked logits were constants (-1e9), so they get no gradient. Their
+    # weights are exactly 0 already (exp(-1e9 - lse) underflows), except in
+    # a fully masked row, where lse rounds to -1e9 and every weight is 1:
+    # those rows are zeroed by a per-row factor, not a pass over the mask.
+    row_has_keys = (step_lse > MASK_FILL / 2).astype(weights.dtype)
+    d_logits = weights * ((d_weights - row_sums) * row_has_keys)
+    d_q_step = jnp.einsum('gqk,gkd->gqd', d_logits, k_step) * scale
+    # dK and dV as (d_head, Lk): XLA:CPU runs 'gqd,gqk->gdk' 3-4x faster
+    # than 'gqk,gqd->gkd' at these shapes.
+    return (tiling.write(d_q, d_q_step, step, True),
+            d_k_t + jnp.einsum('gqd,gqk->gdk', q_step, d_logits),
+            d_v_t + jnp.einsum('gqd,gqk->gdk', d_out_step, kept))
 
-    def one_block(d_kv_t, y):
-      q_block, block, out_block, lse_block, d_out_block = y
-      logits = jnp.where(
-          _block_mask(mask, row_group, block, group, n_queries, n_heads),
-          jnp.einsum('gqd,gkd->gqk', q_block, k_group), MASK_FILL)
-      weights = jnp.exp(logits - lse_block)
-      d_weights = jnp.einsum('gqd,gkd->gqk', d_out_block, v_group)
-      kept = weights
-      if rate > 0.0:
-        keep = _keep_mask(rng, row_group * n_blocks + block, rate,
-                          weights.shape)
-        kept = jnp.where(keep, weights / (1.0 - rate), 0.0)
-        d_weights = jnp.where(keep, d_weights / (1.0 - rate), 0.0)
-      row_sums = jnp.sum(d_out_block * out_block, axis=-1, keepdims=True)
-      # Masked logits were constants (-1e9), so they get no gradient. Their
-      # weights are exactly 0 already (exp(-1e9 - lse) underflows), except in
-      # a fully masked row, where lse rounds to -1e9 and every weight is 1:
-      # those rows are zeroed by a per-row factor, not a pass over the mask.
-      row_has_keys = (lse_block > MASK_FILL / 2).astype(weights.dtype)
-      d_logits = weights * ((d_weights - row_sums) * row_has_keys)
-      # dK and dV come out transposed, (d_head, Lk): XLA:CPU runs
-      # 'gqd,gqk->gdk' 3-4x faster than 'gqk,gqd->gkd' at these shapes.
-      d_k_t, d_v_t = d_kv_t
-      d_kv_t = (d_k_t + jnp.einsum('gqd,gqk->gdk', q_block, d_logits),
-                d_v_t + jnp.einsum('gqd,gqk->gdk', d_out_block, kept))
-      return d_kv_t, jnp.einsum('gqk,gkd->gqd', d_logits, k_group)
+  def one_tile(tile, carry):
+    d_q, d_k, d_v = carry
+    first = tile * n_blocks
+    zeros = jnp.zeros(tiling.read(k, first, False).shape[:1]
+                      + (tiling.d_head, tiling.lk), jnp.float32)
+    d_q, d_k_t, d_v_t = jax.lax.fori_loop(
+        0, n_blocks, lambda block, c: one_block(first + block, c),
+        (d_q, zeros, zeros))
+    return (d_q, tiling.write(d_k, jnp.swapaxes(d_k_t, 1, 2), first, False),
+            tiling.write(d_v, jnp.swapaxes(d_v_t, 1, 2), first, False))
 
-    zeros = jnp.zeros(jnp.swapaxes(k_group, -1, -2).shape, k_group.dtype)
-    (d_k_t, d_v_t), d_q = jax.lax.scan(
-        one_block, (zeros, zeros),
-        (q_group, jnp.arange(n_blocks), out_group, lse_group, d_out_group))
-    return d_q, d_k_t, d_v_t
-
-  d_q, d_k_t, d_v_t = jax.lax.map(
-      one_group, (q, k, v, jnp.arange(q.shape[0]), out, lse, d_out))
-  return (d_q, jnp.swapaxes(d_k_t, -1, -2), jnp.swapaxes(d_v_t, -1, -2),
-          None, None)
+  zeros = tuple(jnp.zeros(x.shape, x.dtype) for x in (q, k, v))
+  d_q, d_k, d_v = jax.lax.fori_loop(0, tiling.n_steps // n_blocks, one_tile,
+                                    zeros)
+  return d_q, d_k, d_v, None, None
 
 
-_blocked_core.defvjp(_blocked_forward, _blocked_backward)
+_fused_core.defvjp(_fused_forward, _fused_backward)
 
 
 def fused_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
                     dropout_rng=None, step_elements=DEFAULT_STEP_ELEMENTS):
   """Attention one cache-sized step at a time; flash-style backward.
 
-  A loop runs over groups of (batch, head) pairs -- or, when one pair's
-  (Lq, Lk) logits are larger than `step_elements` floats, over blocks of its
-  queries -- so that each step's logits are masked, soft-maxed and
-  multiplied with V while they are in cache, instead of the several passes
-  over the whole (batch, heads, Lq, Lk) array that the reference makes.
-  1/sqrt(d_head) is folded into Q. The backward pass recomputes each step's
-  weights from the saved logsumexp rather than storing them, so memory holds
-  one step's logits, not all of them. Dropout masks are drawn per step (same
+  A loop runs over tiles of (batch entries, heads, queries) whose logits
+  take at most `step_elements` floats, so that each step's logits are
+  masked, soft-maxed and multiplied with V while they are in cache, instead
+  of the several passes over the whole (batch, heads, Lq, Lk) array that
+  the reference makes. Steps slice their heads out of the (batch, L, d)
+  arrays as they are (no head transposes), and 1/sqrt(d_head) is applied to
+  each step's queries. The backward pass recomputes each step's weights
+  from the saved logsumexp rather than storing them, so memory holds one
+  step's logits, not all of them. Dropout masks are drawn per step (same
   rate, other bits).
   """
   batch, lq, _ = q.shape
-  lk = k.shape[1]
-  n_rows = batch * n_heads
-  group, n_queries = _step_sizes(n_rows, lq, lk, step_elements)
-  n_blocks = -(-lq // n_queries)
-  pad = n_blocks * n_queries - lq
-
-  def rows(x):  # (batch, L, d) -> (batch * heads, L, d_head)
-    x = attention_math.split_heads(x, n_heads)
-    return x.reshape((n_rows,) + x.shape[2:])
-
-  d_head = q.shape[-1] // n_heads
-  qh = rows(q) * jnp.asarray(1.0 / jnp.sqrt(d_head), q.dtype)
-  qh = jnp.pad(qh, ((0, 0), (0, pad), (0, 0)))  # padded queries: discarded
-  # (row groups, query blocks, group, queries, d_head); group == 1 whenever
-  # there is more than one query block, so the swap moves no data.
-  qh = jnp.swapaxes(qh.reshape((-1, group, n_blocks, n_queries, d_head)), 1, 2)
-  kh, vh = (rows(x).reshape((-1, group) + x.shape[1:2] + (d_head,))
-            for x in (k, v))
+  tiles = _step_tiles(batch, n_heads, lq, k.shape[1], step_elements)
+  pad = -lq % tiles[2]  # queries added to fill the last block: discarded
   if mask is None:
-    mask = jnp.ones((1, 1, 1, lk), bool)
-  mask = mask.astype(bool)[:, 0]
-  if mask.shape[1] > 1:
-    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)), constant_values=True)
+    mask = jnp.ones((1, 1, k.shape[1]), bool)
+  else:
+    mask = mask.astype(bool)[:, 0]
+  if pad:
+    q = jnp.pad(q, ((0, 0), (0, pad), (0, 0)))
+    if mask.shape[1] > 1:
+      mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)), constant_values=True)
   if dropout_rng is None:
     dropout_rng = jax.random.PRNGKey(0)  # unused when dropout_rate == 0
-  out = _blocked_core(qh, kh, vh, mask, n_heads, float(dropout_rate),
-                      dropout_rng)
-  out = jnp.swapaxes(out, 1, 2).reshape((batch, n_heads, -1, d_head))
-  return attention_math.merge_heads(out[:, :, :lq]).astype(jnp.float32)
+  out = _fused_core(q, k, v, mask, tiles, n_heads, float(dropout_rate),
+                    dropout_rng)
+  return out[:, :lq].astype(jnp.float32)
 
 
 def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
