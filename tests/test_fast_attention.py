@@ -146,7 +146,8 @@ def test_auto_chooses_by_shape_and_device():
   on_gpu = jax.default_backend() == 'gpu'
   default = 'reference' if on_gpu else 'fused'
   assert choose(long, long, 8, 0.0) == default
-  assert choose(long[:, :64], long[:, :64], 8, 0.0) == default
+  # All logits in one 'fused' step (here 8 * 64 * 64): nothing to tile.
+  assert choose(long[:, :64], long[:, :64], 8, 0.0) == 'reference'
   assert choose(long.astype(jnp.bfloat16), long, 8, 0.0) == (
       'cudnn' if on_gpu else 'fused')
 
@@ -256,7 +257,10 @@ def test_auto_projects_key_blocks_only_for_long_keys():
   attention = layer.sublayers[1].sublayers[1]
   q = jnp.zeros((1, 8, 16))
   assert attention.implementation_for(q, jnp.zeros((1, 4096, 16))) == 'chunked'
-  assert attention.implementation_for(q, jnp.zeros((1, 64, 16))) == 'fused'
+  assert attention.implementation_for(q, jnp.zeros((1, 64, 16))) == (
+      'reference')  # small: all logits in one 'fused' step
+  assert attention.implementation_for(
+      jnp.zeros((1, 1024, 16)), jnp.zeros((1, 1024, 16))) == 'fused'
   for mode, kwargs in (('eval', dict(q_sparsity='noop')),
                        ('predict', dict(cache_KV_in_predict=True))):
     plain = trax_qkv.AttentionQKV(16, n_heads=4, mode=mode,
