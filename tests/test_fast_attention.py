@@ -129,7 +129,8 @@ def test_fused_dropout_gradient_matches_autodiff(mask_rows, layout):
 
 
 def test_fused_step_tiles():
-  step_tiles = fast_attention._step_tiles  # pylint: disable=protected-access
+  def step_tiles(*shape, target=2**20):
+    return fast_attention._step_tiles(*shape, target=target)  # pylint: disable=protected-access
   assert step_tiles(32, 8, 64, 64) == (32, 8, 64)     # small: one step
   assert step_tiles(8, 8, 256, 256) == (2, 8, 256)    # whole batch entries
   assert step_tiles(4, 8, 1024, 1024) == (1, 1, 1024)  # one head per step
@@ -137,6 +138,7 @@ def test_fused_step_tiles():
   assert step_tiles(1, 8, 4096, 4096) == (1, 1, 256)  # query blocks
   assert step_tiles(1, 8, 4099, 4096) == (1, 1, 242)  # 17 blocks, 15 padded
   assert step_tiles(1, 1, 8, 8, target=30) == (1, 1, 3)
+  assert fast_attention._step_tiles(4, 8, 1024, 1024) == (1, 1, 512)  # pylint: disable=protected-access
 
 
 def test_auto_chooses_by_shape_and_device():

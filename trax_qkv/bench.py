@@ -79,7 +79,8 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
     for name, factory in contenders().items():
       fns[name], memory[name] = _compiled(factory(d, heads, 'eval'), x,
                                           backward)
-    seconds = kernel_bench.interleaved_medians(fns, rounds)
+    seconds = kernel_bench.interleaved_medians(
+        fns, rounds, settle=kernel_bench.CPU_SETTLE_SECONDS)
     for name in fns:
       result.setdefault(name, {})[f'{key}_ms'] = seconds[name] * 1e3
       result[name][f'{key}_temp_mb'] = (memory[name] / 2**20

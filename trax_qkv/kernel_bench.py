@@ -27,24 +27,34 @@ from trax_qkv import fast_attention
 # that keeps a GPU busy (head size 64, cuDNN's favourite).
 GPU_SHAPES = ((1, 4096, 4096, 256, 8), (8, 4096, 4096, 1024, 16))
 CPU_SHAPES = ((4, 1024, 1024, 256, 8),)
+# Seconds to pause before each timed call on a CPU (see interleaved_medians).
+CPU_SETTLE_SECONDS = 0.3
 
 
 def block_until_ready(tree):
   return jax.tree_util.tree_map(lambda a: a.block_until_ready(), tree)
 
 
-def interleaved_medians(fns, rounds, warmup=1, calls=1):
+def interleaved_medians(fns, rounds, warmup=1, calls=1, settle=0.0):
   """{name: median seconds per call} of zero-argument callables.
 
   Contenders run round-robin, `calls` times each per round, so that a
-  machine slowing down or speeding up affects all of them alike.
+  machine slowing down or speeding up affects all of them alike, and each
+  round starts one contender later. Before each timed call the process
+  sleeps `settle` seconds: on a CPU a call right after one that freed
+  hundreds of MB (the built-in at length >= 1024) measured 10-25 % slower
+  while the kernel was still reclaiming that memory.
   """
   for fn in fns.values():
     for _ in range(warmup):
       block_until_ready(fn())
   times = {name: [] for name in fns}
-  for _ in range(rounds):
-    for name, fn in fns.items():
+  names = list(fns)
+  for round_index in range(rounds):
+    shift = round_index % len(names)
+    for name in names[shift:] + names[:shift]:
+      fn = fns[name]
+      time.sleep(settle)
       start = time.perf_counter()
       for _ in range(calls):
         out = fn()
@@ -163,7 +173,8 @@ def bench_shape(shape, dtype, rounds, calls):
       fns[name], temp = compiled_core(name, inputs, heads, backward)
       result[name][f'{key}_temp_mb'] = (None if temp is None
                                         else temp / 2**20)
-    seconds = interleaved_medians(fns, rounds, calls=calls)
+    settle = 0.0 if calls > 1 else CPU_SETTLE_SECONDS  # GPU: many calls
+    seconds = interleaved_medians(fns, rounds, calls=calls, settle=settle)
     for name in names:
       result[name][f'{key}_ms'] = seconds[name] * 1e3
       result[name][f'{key}_vs_reference'] = (seconds['reference'] /
