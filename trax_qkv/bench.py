@@ -80,7 +80,7 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
       fns[name], memory[name] = _compiled(factory(d, heads, 'eval'), x,
                                           backward)
     seconds = kernel_bench.interleaved_medians(
-        fns, rounds, settle=kernel_bench.CPU_SETTLE_SECONDS)
+        fns, rounds, settle=kernel_bench.settle_seconds())
     for name in fns:
       result.setdefault(name, {})[f'{key}_ms'] = seconds[name] * 1e3
       result[name][f'{key}_temp_mb'] = (memory[name] / 2**20

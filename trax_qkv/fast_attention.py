@@ -30,7 +30,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.special import logsumexp
 
 from trax_qkv import attention_math
 
@@ -105,6 +104,9 @@ class _Tiling:
     self.n_batch, self.n_heads_step, self.n_queries = tiles
     self.n_heads = n_heads
     self.d_head = d // n_heads
+    self.rows = self.n_batch * self.n_heads_step  # (batch, head) pairs
+    # 1/sqrt(d_head), applied to each step's queries.
+    self.scale = jnp.asarray(1.0 / self.d_head ** 0.5, q.dtype)
     self.mask = mask
     self.counts = (self.batch // self.n_batch, n_heads // self.n_heads_step,
                    self.lq // self.n_queries)
@@ -151,18 +153,19 @@ class _Tiling:
       return mask
     return jnp.repeat(mask, self.n_heads_step, axis=0)  # batch-major rows
 
-  def read_lse(self, lse, step):
-    """The step's (rows, queries, 1) slice of a (batch * heads, Lq) array."""
+  def read_per_query(self, x, step):
+    """The step's (rows, queries, 1) slice of a (batch * heads, Lq) array
+    (the logsumexp, or rowsum(dO * O))."""
     b, q, f = self.origin(step)
     row = b * self.n_heads + f // self.d_head
-    return jax.lax.dynamic_slice(
-        lse, (row, q), (self.n_batch * self.n_heads_step,
-                        self.n_queries))[..., None]
+    return jax.lax.dynamic_slice(x, (row, q),
+                                 (self.rows, self.n_queries))[..., None]
 
-  def write_lse(self, lse, rows, step):
+  def write_per_query(self, x, values, step):
+    """x with the step's (rows, queries, 1) values written."""
     b, q, f = self.origin(step)
     row = b * self.n_heads + f // self.d_head
-    return jax.lax.dynamic_update_slice(lse, rows[..., 0].astype(lse.dtype),
+    return jax.lax.dynamic_update_slice(x, values[..., 0].astype(x.dtype),
                                         (row, q))
 
 
@@ -179,13 +182,12 @@ def _fused_forward(q, k, v, mask, tiles, n_heads, rate, rng):
   residuals of the backward pass.
   """
   tiling = _Tiling(q, k, mask, tiles, n_heads)
-  scale = jnp.asarray(1.0 / tiling.d_head ** 0.5, q.dtype)
 
   def one_step(step, carry):
     out, lse = carry
     logits = jnp.where(
         tiling.step_mask(step),
-        jnp.einsum('gqd,gkd->gqk', tiling.read(q, step, True) * scale,
+        jnp.einsum('gqd,gkd->gqk', tiling.read(q, step, True) * tiling.scale,
                    tiling.read(k, step, False)), MASK_FILL)
     # Two passes over the logits, not three: V is weighted by
     # exp(logits - max) and the row sums are divided out of the small
@@ -204,7 +206,7 @@ def _fused_forward(q, k, v, mask, tiles, n_heads, rate, rng):
                        tiling.read(v, step, False))
             * jnp.exp(row_max - step_lse))
     return (tiling.write(out, rows, step, True),
-            tiling.write_lse(lse, step_lse, step))
+            tiling.write_per_query(lse, step_lse, step))
 
   out = jnp.zeros(q.shape[:2] + (v.shape[-1],), jnp.float32)
   lse = jnp.zeros((q.shape[0] * n_heads, q.shape[1]), jnp.float32)
@@ -219,7 +221,6 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
   Lk). An inner loop runs a tile's query blocks and sums their dK and dV."""
   q, k, v, mask, rng, out, lse = residuals
   tiling = _Tiling(q, k, mask, tiles, n_heads)
-  scale = jnp.asarray(1.0 / tiling.d_head ** 0.5, q.dtype)
   n_blocks = tiling.counts[2]
   # rowsum(dO * O) of every (batch * head, query), in one pass up front.
   batch, lq, _ = out.shape
@@ -229,10 +230,10 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
 
   def one_block(step, carry):
     d_q, d_k_t, d_v_t = carry
-    q_step = tiling.read(q, step, True) * scale
+    q_step = tiling.read(q, step, True) * tiling.scale
     k_step, v_step = tiling.read(k, step, False), tiling.read(v, step, False)
     d_out_step = tiling.read(d_out, step, True)
-    step_lse = tiling.read_lse(lse, step)
+    step_lse = tiling.read_per_query(lse, step)
     logits = jnp.where(tiling.step_mask(step),
                        jnp.einsum('gqd,gkd->gqk', q_step, k_step), MASK_FILL)
     weights = jnp.exp(logits - step_lse)
@@ -242,14 +243,14 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
       keep = _keep_mask(rng, step, rate, weights.shape)
       kept = jnp.where(keep, weights / (1.0 - rate), 0.0)
       d_weights = jnp.where(keep, d_weights / (1.0 - rate), 0.0)
-    row_sums = tiling.read_lse(all_row_sums, step)
+    row_sums = tiling.read_per_query(all_row_sums, step)
     # Masked logits were constants (-1e9), so they get no gradient. Their
     # weights are exactly 0 already (exp(-1e9 - lse) underflows), except in
     # a fully masked row, where lse rounds to -1e9 and every weight is 1:
     # those rows are zeroed by a per-row factor, not a pass over the mask.
     row_has_keys = (step_lse > MASK_FILL / 2).astype(weights.dtype)
     d_logits = weights * ((d_weights - row_sums) * row_has_keys)
-    d_q_step = jnp.einsum('gqk,gkd->gqd', d_logits, k_step) * scale
+    d_q_step = jnp.einsum('gqk,gkd->gqd', d_logits, k_step) * tiling.scale
     # dK and dV as (d_head, Lk): XLA:CPU runs 'gqd,gqk->gdk' about 3x faster
     # than 'gqk,gqd->gkd' at these shapes.
     return (tiling.write(d_q, d_q_step, step, True),
@@ -259,8 +260,7 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
   def one_tile(tile, carry):
     d_q, d_k, d_v = carry
     first = tile * n_blocks
-    zeros = jnp.zeros(tiling.read(k, first, False).shape[:1]
-                      + (tiling.d_head, tiling.lk), jnp.float32)
+    zeros = jnp.zeros((tiling.rows, tiling.d_head, tiling.lk), jnp.float32)
     d_q, d_k_t, d_v_t = jax.lax.fori_loop(
         0, n_blocks, lambda block, c: one_block(first + block, c),
         (d_q, zeros, zeros))

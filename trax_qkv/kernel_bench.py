@@ -31,6 +31,11 @@ CPU_SHAPES = ((4, 1024, 1024, 256, 8),)
 CPU_SETTLE_SECONDS = 0.3
 
 
+def settle_seconds():
+  """The pause before each timed call on this backend: none on a GPU."""
+  return 0.0 if jax.default_backend() == 'gpu' else CPU_SETTLE_SECONDS
+
+
 def block_until_ready(tree):
   return jax.tree_util.tree_map(lambda a: a.block_until_ready(), tree)
 
@@ -173,8 +178,8 @@ def bench_shape(shape, dtype, rounds, calls):
       fns[name], temp = compiled_core(name, inputs, heads, backward)
       result[name][f'{key}_temp_mb'] = (None if temp is None
                                         else temp / 2**20)
-    settle = 0.0 if calls > 1 else CPU_SETTLE_SECONDS  # GPU: many calls
-    seconds = interleaved_medians(fns, rounds, calls=calls, settle=settle)
+    seconds = interleaved_medians(fns, rounds, calls=calls,
+                                  settle=settle_seconds())
     for name in names:
       result[name][f'{key}_ms'] = seconds[name] * 1e3
       result[name][f'{key}_vs_reference'] = (seconds['reference'] /
