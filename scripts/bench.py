@@ -16,7 +16,7 @@ def main(argv=None):
       description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   parser.add_argument('--output_dir', default='runs/bench',
                       help='where bench.json and bench.md go')
-  parser.add_argument('--rounds', type=int, default=5,
+  parser.add_argument('--rounds', type=int, default=15,
                       help='interleaved timing rounds per measurement')
   parser.add_argument('--quick', action='store_true',
                       help='small shapes only (a smoke test, not the table)')

@@ -1,7 +1,9 @@
-"""scripts/bench_kernels.py's functions on a tiny shape (a smoke test)."""
+"""scripts/bench_kernels.py and scripts/bench.py on small shapes (smoke
+tests: they measure, they do not judge speed)."""
 
 import json
 
+import numpy as np
 import pytest
 
 from trax_qkv import kernel_bench
@@ -33,3 +35,31 @@ def test_bad_shape_is_refused_before_any_work(capsys):
     load_script('bench_kernels').main(['--shape', '1', '8', '8', '10', '4'])
   assert exit_info.value.code == 2
   assert 'HEADS must divide D_MODEL' in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_quick_run_keeps_rounds_and_pairs_them(tmp_path):
+  """scripts/bench.py --quick: every contender at every shape, each round's
+  time kept, medians and the per-round (paired) speed-ups made from them."""
+  from trax_qkv import bench  # pylint: disable=g-import-not-at-top
+  rounds = 2
+  load_script('bench').main(['--quick', '--rounds', str(rounds),
+                             '--output_dir', str(tmp_path)])
+  results = json.loads((tmp_path / 'bench.json').read_text())
+  for entry in results['layers']:
+    assert set(entry['results']) == set(bench.contenders())
+    for name, r in entry['results'].items():
+      for key in ('fwd', 'fwd_bwd'):
+        times = r[f'{key}_round_ms']
+        assert len(times) == rounds and min(times) > 0, name
+        assert r[f'{key}_ms'] == pytest.approx(np.median(times))
+    builtin, auto = (entry['results'][name]['fwd_bwd_round_ms']
+                     for name in (bench.BUILTIN, 'auto'))
+    assert bench.round_speedups(entry, 'auto', 'fwd_bwd') == pytest.approx(
+        [b / a for b, a in zip(builtin, auto)])
+  for key in ('decode_tokens_per_s', 'train_steps_per_s'):
+    assert set(results[key]) == {bench.BUILTIN, 'reference', 'auto'}
+    assert min(results[key].values()) > 0
+  table = (tmp_path / 'bench.md').read_text()
+  paired_rows = [line for line in table.splitlines() if line.endswith('] |')]
+  assert len(paired_rows) == len(results['layers'])

@@ -2,7 +2,9 @@
 
 Every number that is compared is measured in the same process, interleaved
 (one call of each contender per round, after warm-up), and summarised by its
-median; memory is XLA's own accounting of the compiled program's temporary
+median; the per-round times are kept too, so that each round's built-in /
+contender ratio (a paired measurement: both timed seconds apart) shows how
+far a ratio moves on a noisy machine. Memory is XLA's own accounting of the compiled program's temporary
 buffers (`memory_analysis()`), which is what the O(Lq*Lk) logits occupy.
 The attention math alone, on any JAX device (a GPU's cuDNN path included),
 is measured by `trax_qkv.kernel_bench`.
@@ -79,10 +81,12 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
     for name, factory in contenders().items():
       fns[name], memory[name] = _compiled(factory(d, heads, 'eval'), x,
                                           backward)
-    seconds = kernel_bench.interleaved_medians(
+    times = kernel_bench.interleaved_times(
         fns, rounds, settle=kernel_bench.settle_seconds())
     for name in fns:
-      result.setdefault(name, {})[f'{key}_ms'] = seconds[name] * 1e3
+      result.setdefault(name, {})[f'{key}_ms'] = float(
+          np.median(times[name])) * 1e3
+      result[name][f'{key}_round_ms'] = [t * 1e3 for t in times[name]]
       result[name][f'{key}_temp_mb'] = (memory[name] / 2**20
                                         if memory[name] is not None else None)
   flops = attention_flops(batch, lq, lk, d)
@@ -177,8 +181,15 @@ def run(rounds=5, quick=False, log=print):
       impls, steps=8 if quick else 32, rounds=rounds)
   log('training ...')
   results['train_steps_per_s'] = training_steps_per_second(
-      impls, steps=5 if quick else 20, rounds=min(rounds, 3))
+      impls, steps=5 if quick else 20, rounds=rounds)
   return results
+
+
+def round_speedups(entry, name, key):
+  """Built-in time / `name`'s time in each round, for `key` 'fwd' or
+  'fwd_bwd': paired ratios, the two calls timed seconds apart."""
+  base = entry['results'][BUILTIN][f'{key}_round_ms']
+  return [b / t for b, t in zip(base, entry['results'][name][f'{key}_round_ms'])]
 
 
 def format_shape_row(entry):
@@ -217,6 +228,18 @@ def markdown(results):
              for r in entry['results'].values()]
     lines.append(f'| {label} | fwd GFLOP/s (% of matmul) | ' +
                  ' | '.join(cells) + ' |')
+  lines += ['', "Per-round speed-ups of 'auto' (built-in / 'auto' in the same "
+            'round): median [25th-75th percentile].', '',
+            '| batch, Lq, Lk, d, heads | fwd | fwd+bwd |', '|---|---|---|']
+  for entry in results['layers']:
+    s = entry['shape']
+    cells = []
+    for key in ('fwd', 'fwd_bwd'):
+      low, mid, high = np.percentile(round_speedups(entry, 'auto', key),
+                                     (25, 50, 75))
+      cells.append(f'x{mid:.2f} [{low:.2f}-{high:.2f}]')
+    lines.append(f"| {s['batch']}, {s['lq']}, {s['lk']}, {s['d_model']}, "
+                 f"{s['heads']} | " + ' | '.join(cells) + ' |')
   for key, title in (('decode_tokens_per_s', 'greedy decoding, tokens/s'),
                      ('train_steps_per_s', 'training.Loop, steps/s')):
     base = results[key][BUILTIN]

@@ -41,7 +41,13 @@ def block_until_ready(tree):
 
 
 def interleaved_medians(fns, rounds, warmup=1, calls=1, settle=0.0):
-  """{name: median seconds per call} of zero-argument callables.
+  """{name: median seconds per call} (see `interleaved_times`)."""
+  times = interleaved_times(fns, rounds, warmup, calls, settle)
+  return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def interleaved_times(fns, rounds, warmup=1, calls=1, settle=0.0):
+  """{name: [seconds per call in each round]} of zero-argument callables.
 
   Contenders run round-robin, `calls` times each per round, so that a
   machine slowing down or speeding up affects all of them alike, and each
@@ -65,7 +71,7 @@ def interleaved_medians(fns, rounds, warmup=1, calls=1, settle=0.0):
         out = fn()
       block_until_ready(out)
       times[name].append((time.perf_counter() - start) / calls)
-  return {name: float(np.median(t)) for name, t in times.items()}
+  return times
 
 
 def matmul_flops_per_second(n=2048, rounds=5, dtype=jnp.float32, calls=1):
