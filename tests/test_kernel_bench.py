@@ -30,6 +30,18 @@ def test_kernel_bench_measures_every_implementation(tmp_path):
       kernel_bench.implementations_for('float32'))
 
 
+def test_page_faults_count_fresh_memory():
+  """A call that writes a fresh 64 MB output faults on its pages; one that
+  writes 4 KB does not (malloc maps the big buffer afresh every call)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  fill = jax.jit(lambda x, n: jnp.full((n,), x), static_argnums=1)
+  pages = 2**26 // 4096
+  big, _ = kernel_bench.page_faults_per_call(lambda: fill(1.0, 2**24))
+  small, _ = kernel_bench.page_faults_per_call(lambda: fill(1.0, 2**10))
+  assert big > pages / 2 and small < pages / 16, (big, small)
+
+
 def test_bad_shape_is_refused_before_any_work(capsys):
   with pytest.raises(SystemExit) as exit_info:
     load_script('bench_kernels').main(['--shape', '1', '8', '8', '10', '4'])
@@ -53,6 +65,7 @@ def test_bench_quick_run_keeps_rounds_and_pairs_them(tmp_path):
         times = r[f'{key}_round_ms']
         assert len(times) == rounds and min(times) > 0, name
         assert r[f'{key}_ms'] == pytest.approx(np.median(times))
+      assert r['fwd_bwd_page_faults'] >= 0 and r['fwd_bwd_kernel_ms'] >= 0
     builtin, auto = (entry['results'][name]['fwd_bwd_round_ms']
                      for name in (bench.BUILTIN, 'auto'))
     assert bench.round_speedups(entry, 'auto', 'fwd_bwd') == pytest.approx(
@@ -61,5 +74,6 @@ def test_bench_quick_run_keeps_rounds_and_pairs_them(tmp_path):
     assert set(results[key]) == {bench.BUILTIN, 'reference', 'auto'}
     assert min(results[key].values()) > 0
   table = (tmp_path / 'bench.md').read_text()
+  assert table.count('page faults / call') == len(results['layers'])
   paired_rows = [line for line in table.splitlines() if line.endswith('] |')]
   assert len(paired_rows) == len(results['layers'])

@@ -4,8 +4,9 @@ Every number that is compared is measured in the same process, interleaved
 (one call of each contender per round, after warm-up), and summarised by its
 median; the per-round times are kept too, so that each round's built-in /
 contender ratio (a paired measurement: both timed seconds apart) shows how
-far a ratio moves on a noisy machine. Memory is XLA's own accounting of the compiled program's temporary
-buffers (`memory_analysis()`), which is what the O(Lq*Lk) logits occupy.
+far a ratio moves on a noisy machine. Memory is XLA's own accounting of the
+compiled program's temporary buffers (`memory_analysis()`), which is what
+the O(Lq*Lk) logits occupy.
 The attention math alone, on any JAX device (a GPU's cuDNN path included),
 is measured by `trax_qkv.kernel_bench`.
 """
@@ -44,7 +45,7 @@ def contenders():
 
 
 def attention_flops(batch, lq, lk, d):
-  """Forward FLOPs of AttentionQKV: 4 projections and the two batched matmuls."""
+  """Forward FLOPs of AttentionQKV: 4 projections, 2 batched matmuls."""
   projections = 2 * batch * d * d * (2 * lq + 2 * lk)
   return projections + 4 * batch * lq * lk * d
 
@@ -89,6 +90,11 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
       result[name][f'{key}_round_ms'] = [t * 1e3 for t in times[name]]
       result[name][f'{key}_temp_mb'] = (memory[name] / 2**20
                                         if memory[name] is not None else None)
+    if backward:
+      for name, fn in fns.items():
+        faults, kernel_seconds = kernel_bench.page_faults_per_call(fn)
+        result[name]['fwd_bwd_page_faults'] = faults
+        result[name]['fwd_bwd_kernel_ms'] = kernel_seconds * 1e3
   flops = attention_flops(batch, lq, lk, d)
   for name in result:
     result[name]['fwd_gflops'] = flops / (result[name]['fwd_ms'] / 1e3) / 1e9
@@ -157,7 +163,7 @@ def training_steps_per_second(implementations, steps=20, rounds=3,
   return {impl: steps / s for impl, s in seconds.items()}
 
 
-def run(rounds=5, quick=False, log=print):
+def run(rounds=15, quick=False, log=print):
   """All benchmarks; returns the results dict."""
   layer_shapes = LAYER_SHAPES[:2] if quick else LAYER_SHAPES
   cross = (1, 64, 1024, 256, 8) if quick else CROSS_SHAPE
@@ -189,7 +195,8 @@ def round_speedups(entry, name, key):
   """Built-in time / `name`'s time in each round, for `key` 'fwd' or
   'fwd_bwd': paired ratios, the two calls timed seconds apart."""
   base = entry['results'][BUILTIN][f'{key}_round_ms']
-  return [b / t for b, t in zip(base, entry['results'][name][f'{key}_round_ms'])]
+  times = entry['results'][name][f'{key}_round_ms']
+  return [b / t for b, t in zip(base, times)]
 
 
 def format_shape_row(entry):
@@ -203,6 +210,11 @@ def format_shape_row(entry):
   return '  ' + '\n  '.join(parts)
 
 
+def _shape_label(shape):
+  return ', '.join(str(shape[key])
+                   for key in ('batch', 'lq', 'lk', 'd_model', 'heads'))
+
+
 def markdown(results):
   """The README table: speed-ups are built-in time / contender time."""
   names = list(results['layers'][0]['results'])
@@ -213,18 +225,25 @@ def markdown(results):
       '| batch, Lq, Lk, d, heads | pass | ' + ' | '.join(names) + ' |',
       '|---|---|' + '---|' * len(names)]
   for entry in results['layers']:
-    s = entry['shape']
-    label = f"{s['batch']}, {s['lq']}, {s['lk']}, {s['d_model']}, {s['heads']}"
+    label = _shape_label(entry['shape'])
     base = entry['results'][BUILTIN]
     for key, title in (('fwd', 'fwd'), ('fwd_bwd', 'fwd+bwd')):
-      cells = [f"{r[f'{key}_ms']:.1f} ms (x{base[f'{key}_ms'] / r[f'{key}_ms']:.2f})"
+      cells = [f"{r[f'{key}_ms']:.1f} ms "
+               f"(x{base[f'{key}_ms'] / r[f'{key}_ms']:.2f})"
                for r in entry['results'].values()]
       lines.append(f'| {label} | {title} | ' + ' | '.join(cells) + ' |')
-    cells = [f"{r['fwd_bwd_temp_mb']:.0f} MB" if r['fwd_bwd_temp_mb'] is not None
-             else 'n/a' for r in entry['results'].values()]
+    cells = [f"{r['fwd_bwd_temp_mb']:.0f} MB"
+             if r['fwd_bwd_temp_mb'] is not None else 'n/a'
+             for r in entry['results'].values()]
     lines.append(f'| {label} | fwd+bwd temp memory | ' + ' | '.join(cells) +
                  ' |')
-    cells = [f"{r['fwd_gflops']:.1f} ({r['fwd_gflops'] / results['matmul_gflops']:.0%})"
+    cells = [f"{r['fwd_bwd_page_faults'] / 1e3:.1f}k "
+             f"({r['fwd_bwd_kernel_ms']:.0f} ms)"
+             for r in entry['results'].values()]
+    lines.append(f'| {label} | fwd+bwd page faults / call (kernel time) | '
+                 + ' | '.join(cells) + ' |')
+    matmul = results['matmul_gflops']
+    cells = [f"{r['fwd_gflops']:.1f} ({r['fwd_gflops'] / matmul:.0%})"
              for r in entry['results'].values()]
     lines.append(f'| {label} | fwd GFLOP/s (% of matmul) | ' +
                  ' | '.join(cells) + ' |')
@@ -232,14 +251,13 @@ def markdown(results):
             'round): median [25th-75th percentile].', '',
             '| batch, Lq, Lk, d, heads | fwd | fwd+bwd |', '|---|---|---|']
   for entry in results['layers']:
-    s = entry['shape']
     cells = []
     for key in ('fwd', 'fwd_bwd'):
       low, mid, high = np.percentile(round_speedups(entry, 'auto', key),
                                      (25, 50, 75))
       cells.append(f'x{mid:.2f} [{low:.2f}-{high:.2f}]')
-    lines.append(f"| {s['batch']}, {s['lq']}, {s['lk']}, {s['d_model']}, "
-                 f"{s['heads']} | " + ' | '.join(cells) + ' |')
+    lines.append(f"| {_shape_label(entry['shape'])} | " + ' | '.join(cells)
+                 + ' |')
   for key, title in (('decode_tokens_per_s', 'greedy decoding, tokens/s'),
                      ('train_steps_per_s', 'training.Loop, steps/s')):
     base = results[key][BUILTIN]

@@ -14,6 +14,7 @@ not what is measured.
 
 import json
 import os
+import resource
 import time
 
 import jax
@@ -72,6 +73,23 @@ def interleaved_times(fns, rounds, warmup=1, calls=1, settle=0.0):
       block_until_ready(out)
       times[name].append((time.perf_counter() - start) / calls)
   return times
+
+
+def page_faults_per_call(fn, calls=3):
+  """(page faults, kernel CPU seconds) per call of zero-argument `fn`.
+
+  From the process's own counters (getrusage, all threads), after one
+  untimed call: on a CPU, temporaries larger than malloc reuses (32 MB) are
+  mapped afresh on every call, and each 4 KB page then faults when first
+  written -- time that shows up as kernel time, not in any XLA op.
+  """
+  block_until_ready(fn())
+  before = resource.getrusage(resource.RUSAGE_SELF)
+  for _ in range(calls):
+    block_until_ready(fn())
+  after = resource.getrusage(resource.RUSAGE_SELF)
+  return ((after.ru_minflt - before.ru_minflt) / calls,
+          (after.ru_stime - before.ru_stime) / calls)
 
 
 def matmul_flops_per_second(n=2048, rounds=5, dtype=jnp.float32, calls=1):
