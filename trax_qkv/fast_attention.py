@@ -108,7 +108,7 @@ class _Tiling:
     self.n_heads = n_heads
     self.d_head = d // n_heads
     self.rows = self.n_batch * self.n_heads_step  # (batch, head) pairs
-    # 1/sqrt(d_head), applied to each step's queries.
+    # 1/sqrt(d_head): the forward scales q by it once; dq gets it too.
     self.scale = jnp.asarray(1.0 / self.d_head ** 0.5, q.dtype)
     self.mask = mask
     self.counts = (self.batch // self.n_batch, n_heads // self.n_heads_step,
@@ -156,20 +156,22 @@ class _Tiling:
       return mask
     return jnp.repeat(mask, self.n_heads_step, axis=0)  # batch-major rows
 
+  def per_query_origin(self, step):
+    """(first (batch * heads) row, first query) of a step in a
+    (batch * heads, Lq) array: a step's rows are consecutive there."""
+    b, q, f = self.origin(step)
+    return b * self.n_heads + f // self.d_head, q
+
   def read_per_query(self, x, step):
     """The step's (rows, queries, 1) slice of a (batch * heads, Lq) array
     (the logsumexp, or rowsum(dO * O))."""
-    b, q, f = self.origin(step)
-    row = b * self.n_heads + f // self.d_head
-    return jax.lax.dynamic_slice(x, (row, q),
+    return jax.lax.dynamic_slice(x, self.per_query_origin(step),
                                  (self.rows, self.n_queries))[..., None]
 
   def write_per_query(self, x, values, step):
     """x with the step's (rows, queries, 1) values written."""
-    b, q, f = self.origin(step)
-    row = b * self.n_heads + f // self.d_head
     return jax.lax.dynamic_update_slice(x, values[..., 0].astype(x.dtype),
-                                        (row, q))
+                                        self.per_query_origin(step))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -292,8 +294,8 @@ def fused_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
   masked, soft-maxed and multiplied with V while they are in cache, instead
   of the several passes over the whole (batch, heads, Lq, Lk) array that
   the reference makes. Steps slice their heads out of the (batch, L, d)
-  arrays as they are (no head transposes), and 1/sqrt(d_head) is applied to
-  each step's queries. The backward pass recomputes each step's weights
+  arrays as they are (no head transposes); q is scaled by 1/sqrt(d_head)
+  once, before the loop. The backward pass recomputes each step's weights
   from the saved logsumexp rather than storing them, so memory holds one
   step's logits, not all of them. Dropout masks are drawn per step (same
   rate, other bits).

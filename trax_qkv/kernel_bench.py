@@ -28,7 +28,7 @@ from trax_qkv import fast_attention
 # that keeps a GPU busy (head size 64, cuDNN's favourite).
 GPU_SHAPES = ((1, 4096, 4096, 256, 8), (8, 4096, 4096, 1024, 16))
 CPU_SHAPES = ((4, 1024, 1024, 256, 8),)
-# Seconds to pause before each timed call on a CPU (see interleaved_medians).
+# Seconds to pause before each timed call on a CPU (see interleaved_times).
 CPU_SETTLE_SECONDS = 0.3
 
 
