@@ -16,8 +16,9 @@ bit for bit. The layers use them when asked for through `implementation`:
                Dropout masks are drawn per tile (same rate, other bits).
                Fastest on CPUs; a GPU runs the loop's steps one after
                another, so there 'auto' runs 'reference' (or cuDNN).
-  'chunked'    keys in blocks with an online softmax (lax.scan): memory
-               O(Lq * block) instead of O(Lq * Lk), forward and backward.
+  'chunked'    keys in blocks with an online softmax, and a hand-written
+               backward pass over the same blocks: memory O(Lq * block)
+               instead of O(Lq * Lk), forward and backward.
                Dropout masks are drawn per block (same rate, other bits).
                In AttentionQKV the K and V projections run per key block
                too (layers.KeyBlockProjectedAttention).
@@ -318,76 +319,177 @@ def fused_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
   return out[:, :lq].astype(jnp.float32)
 
 
+def _unprojected(k_block, v_block, params):
+  del params
+  return k_block, v_block
+
+
 def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
-                      dropout_rng=None, block_size=None, project_k=None,
-                      project_v=None):
+                      dropout_rng=None, block_size=None, project_kv=None,
+                      kv_params=()):
   """Attention over key blocks with an online softmax; O(Lq*block) memory.
 
-  Each step slices one block of keys and values out of K and V (no stacked
-  copies; one padded copy only when Lk is not a multiple of the block), and
-  `jax.checkpoint` recomputes its logits in the backward pass, so no
-  (Lq, Lk)-sized array is ever stored. With `project_k` / `project_v`
-  (functions (batch, block, d_in) -> (batch, block, d)), `k` and `v` are the
-  unprojected inputs and are projected block by block, so the projected
-  (batch, Lk, d) K and V never exist whole either (see
-  `layers.AttentionQKV`).
+  A loop slices one block of keys and values out of K and V per step (no
+  stacked copies; one padded copy only when Lk is not a multiple of the
+  block), and a hand-written backward pass recomputes each block's weights
+  from the saved logsumexp, so no (Lq, Lk)-sized array is ever stored.
+
+  With `project_kv` -- a function (k_block, v_block, kv_params) -> (K_block,
+  V_block) -- `k` and `v` are the unprojected inputs and are projected block
+  by block, in the backward pass too, so the projected (batch, Lk, d) K and
+  V and their gradients never exist whole either (see
+  `layers.KeyBlockProjectedAttention`). Gradients reach `kv_params` through
+  `jax.vjp` of `project_kv` per block.
   """
-  project_k = project_k or (lambda x: x)
-  project_v = project_v or (lambda x: x)
+  project_kv = project_kv or _unprojected
   batch, lq, _ = q.shape
   lk = k.shape[1]
   block = min(block_size or DEFAULT_BLOCK_SIZE, lk)
   n_blocks = -(-lk // block)
   pad = n_blocks * block - lk
-  qh = _heads(q, n_heads)
+  sources = (k, v)
+  qh = attention_math.split_heads(q, n_heads)
   qh = qh * jnp.asarray(1.0 / jnp.sqrt(qh.shape[-1]), qh.dtype)
   if mask is None:
     mask = jnp.ones((1, 1, 1, lk), bool)
   mask = jnp.broadcast_to(mask.astype(bool),
                           mask.shape[:2] + (mask.shape[2], lk))
   if pad:  # the last block runs past Lk: pad, and mark the padding invalid
-    k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (k, v))
+    sources = tuple(jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in sources)
     mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad)))
-  valid = jnp.arange(n_blocks * block) < lk
-  acc_dtype = jnp.promote_types(q.dtype, jnp.float32)
+  if dropout_rng is None:
+    dropout_rng = jax.random.PRNGKey(0)  # unused when dropout_rate == 0
+  config = _ChunkConfig(project_kv, n_heads, block, lk, float(dropout_rate))
+  out = _chunked_core(config, qh, sources, kv_params, mask, dropout_rng)
+  return attention_math.merge_heads(out).astype(jnp.float32)
 
-  @jax.checkpoint  # recompute block logits in backward: memory stays small
-  def step(carry, index):
+
+class _ChunkConfig:
+  """The static part of a 'chunked' call, and what every step computes."""
+
+  def __init__(self, project_kv, n_heads, block, lk, rate):
+    self.project_kv = project_kv
+    self.n_heads = n_heads
+    self.block = block
+    self.lk = lk  # keys before padding
+    self.rate = rate
+
+  def source_blocks(self, sources, index):
+    """Block `index` of the K and V sources (the inputs of `project_kv`)."""
+    return tuple(
+        jax.lax.dynamic_slice_in_dim(x, index * self.block, self.block, 1)
+        for x in sources)
+
+  def logits(self, qh, k_block, mask, index):
+    """(batch, heads, Lq, block) logits, masked, padding far below that."""
+    start = index * self.block
+    logits = jnp.einsum('bhqd,bkhd->bhqk', qh, _heads(k_block, self.n_heads))
+    logits = logits.astype(jnp.promote_types(qh.dtype, jnp.float32))
+    logits = jnp.where(
+        jax.lax.dynamic_slice_in_dim(mask, start, self.block, 3), logits,
+        MASK_FILL)
+    valid = start + jnp.arange(self.block) < self.lk
+    return jnp.where(valid, logits, _BLOCK_PAD_FILL)
+
+  def keep(self, rng, index, shape):
+    return _keep_mask(rng, index, self.rate, shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _chunked_core(config, qh, sources, kv_params, mask, rng):
+  return _chunked_forward(config, qh, sources, kv_params, mask, rng)[0]
+
+
+def _chunked_forward(config, qh, sources, kv_params, mask, rng):
+  """(batch, heads, Lq, d_head) output of scaled `qh` over the key blocks of
+  `sources`, and the residuals of the backward pass."""
+  acc_dtype = jnp.promote_types(qh.dtype, jnp.float32)
+  n_blocks = sources[0].shape[1] // config.block
+
+  def one_block(index, carry):
     running_max, denominator, numerator = carry
-    start = index * block
-
-    def key_block(x, axis):
-      return jax.lax.dynamic_slice_in_dim(x, start, block, axis=axis)
-    k_blk = _heads(project_k(key_block(k, 1)), n_heads)
-    v_blk = _heads(project_v(key_block(v, 1)), n_heads)
-    logits = jnp.einsum('bqhd,bkhd->bhqk', qh, k_blk).astype(acc_dtype)
-    logits = jnp.where(key_block(mask, 3), logits, MASK_FILL)
-    logits = jnp.where(key_block(valid, 0), logits, _BLOCK_PAD_FILL)
+    k_block, v_block = config.project_kv(
+        *config.source_blocks(sources, index), kv_params)
+    logits = config.logits(qh, k_block, mask, index)
     new_max = jnp.maximum(running_max, logits.max(axis=-1))
     correction = jnp.exp(running_max - new_max)
     p = jnp.exp(logits - new_max[..., None])
     denominator = denominator * correction + p.sum(axis=-1)
-    if dropout_rate > 0.0:
-      keep = jax.random.bernoulli(jax.random.fold_in(dropout_rng, index),
-                                  1.0 - dropout_rate, p.shape)
-      p = jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
+    if config.rate > 0.0:
+      p = jnp.where(config.keep(rng, index, p.shape),
+                    p / (1.0 - config.rate), 0.0)
     numerator = numerator * correction[..., None] + jnp.einsum(
-        'bhqk,bkhd->bhqd', p.astype(v_blk.dtype), v_blk).astype(acc_dtype)
-    return (new_max, denominator, numerator), None
+        'bhqk,bkhd->bhqd', p.astype(v_block.dtype),
+        _heads(v_block, config.n_heads)).astype(acc_dtype)
+    return new_max, denominator, numerator
 
-  stats_shape = (batch, n_heads, lq)
-  d_head_v = jax.eval_shape(project_v, v[:, :1]).shape[-1] // n_heads
+  stats_shape = qh.shape[:3]
+  d_head_v = jax.eval_shape(
+      config.project_kv, *config.source_blocks(sources, 0),
+      kv_params)[1].shape[-1] // config.n_heads
   init = (jnp.full(stats_shape, _BLOCK_PAD_FILL, acc_dtype),
           jnp.zeros(stats_shape, acc_dtype),
           jnp.zeros(stats_shape + (d_head_v,), acc_dtype))
-  (row_max, denominator, numerator), _ = jax.lax.scan(
-      step, init, jnp.arange(n_blocks))
+  row_max, denominator, numerator = jax.lax.fori_loop(
+      0, n_blocks, one_block, init)
+  lse = row_max + jnp.log(denominator)
   # Normalise as exp(max - logsumexp), rounded as the reference rounds it: in
   # a fully masked row logsumexp = -1e9 + log(Lk) rounds to -1e9, so the
   # reference weighs every key by 1 (a sum, not a mean); so do we.
-  scale = jnp.exp(row_max - (row_max + jnp.log(denominator)))
-  out = numerator * scale[..., None]  # (batch, heads, Lq, d_head)
-  return attention_math.merge_heads(out).astype(jnp.float32)
+  out = numerator * jnp.exp(row_max - lse)[..., None]
+  return out, (qh, sources, kv_params, mask, rng, out, lse[..., None])
+
+
+def _chunked_backward(config, residuals, d_out):
+  """Per key block: K and V projected again, the weights recomputed from the
+  logsumexp (as in 'fused'), and the block's dK and dV pulled back through
+  the projection into the gradients of its inputs and of `kv_params`."""
+  qh, sources, kv_params, mask, rng, out, lse = residuals
+  n_blocks = sources[0].shape[1] // config.block
+  row_sums = jnp.sum(d_out * out, axis=-1, keepdims=True)
+  # Masked logits were constants: no gradient. A fully masked row (lse
+  # rounds to -1e9, every weight 1) is zeroed by this factor (see 'fused').
+  row_has_keys = (lse > MASK_FILL / 2).astype(out.dtype)
+  d_out = d_out.astype(out.dtype)
+
+  def one_block(index, carry):
+    d_q, d_sources, d_params = carry
+    # Only the block is pulled back through the projection, not the whole
+    # sources: differentiating the slice would add Lk-sized zeros each step.
+    (k_block, v_block), pull_back = jax.vjp(
+        lambda blocks, params: config.project_kv(*blocks, params),
+        config.source_blocks(sources, index), kv_params)
+    kh = _heads(k_block, config.n_heads)
+    weights = jnp.exp(config.logits(qh, k_block, mask, index) - lse)
+    d_weights = jnp.einsum('bhqd,bkhd->bhqk', d_out,
+                           _heads(v_block, config.n_heads))
+    kept = weights
+    if config.rate > 0.0:
+      keep = config.keep(rng, index, weights.shape)
+      kept = jnp.where(keep, weights / (1.0 - config.rate), 0.0)
+      d_weights = jnp.where(keep, d_weights / (1.0 - config.rate), 0.0)
+    d_logits = weights * ((d_weights - row_sums) * row_has_keys)
+    d_q = d_q + jnp.einsum('bhqk,bkhd->bhqd', d_logits, kh)
+    d_k = jnp.einsum('bhqk,bhqd->bkhd', d_logits, qh.astype(out.dtype))
+    d_v = jnp.einsum('bhqk,bhqd->bkhd', kept, d_out)
+    d_blocks, d_params_block = pull_back(
+        (d_k.reshape(k_block.shape).astype(k_block.dtype),
+         d_v.reshape(v_block.shape).astype(v_block.dtype)))
+    d_sources = tuple(
+        jax.lax.dynamic_update_slice_in_dim(
+            d, d_block.astype(d.dtype), index * config.block, 1)
+        for d, d_block in zip(d_sources, d_blocks))
+    d_params = jax.tree_util.tree_map(jnp.add, d_params, d_params_block)
+    return d_q, d_sources, d_params
+
+  zeros = lambda tree: jax.tree_util.tree_map(jnp.zeros_like, tree)
+  d_q, d_sources, d_params = jax.lax.fori_loop(
+      0, n_blocks, one_block,
+      (jnp.zeros(qh.shape, out.dtype), zeros(sources), zeros(kv_params)))
+  return d_q.astype(qh.dtype), d_sources, d_params, None, None
+
+
+_chunked_core.defvjp(_chunked_forward, _chunked_backward)
 
 
 def cudnn_attention(q, k, v, mask, n_heads, dropout_rate=0.0,

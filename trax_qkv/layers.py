@@ -15,6 +15,7 @@ math itself.
 """
 
 import gin
+from jax import numpy as jnp
 from trax import fastmath
 from trax.layers import base
 from trax.layers import combinators as cb
@@ -121,6 +122,13 @@ class CheckedSerial(cb.Serial):
     return super().init(input_signature, rng=rng, use_cache=use_cache)
 
 
+def dense_kv_projection(k_block, v_block, kv_params):
+  """What the K and V `core.Dense` layers compute, from their (w, b)
+  weights: a pure function that `jax.vjp` can pull gradients back through."""
+  (w_k, b_k), (w_v, b_v) = kv_params
+  return jnp.dot(k_block, w_k) + b_k, jnp.dot(v_block, w_v) + b_v
+
+
 class KeyBlockProjectedAttention(cb.Serial):
   """`Serial(Parallel(Dense, Dense, Dense), PureAttention, Dense)` that, when
   the attention runs 'chunked', projects K and V one key block at a time
@@ -144,8 +152,8 @@ class KeyBlockProjectedAttention(cb.Serial):
         or attention.implementation_for(q_in, k_in) != 'chunked'):
       return super().forward(inputs)
     (w_q, w_k, w_v), _, w_out = self.weights
-    (s_q, s_k, s_v), _, s_out = self.state
-    dense_q, dense_k, dense_v = projections.sublayers
+    (s_q, _, _), _, s_out = self.state
+    dense_q = projections.sublayers[0]
 
     def project(dense, weights, state):
       return lambda x: dense.pure_fn(x, weights, state, None)[0]
@@ -155,8 +163,7 @@ class KeyBlockProjectedAttention(cb.Serial):
     activations = fast_attention.chunked_attention(
         project(dense_q, w_q, s_q)(q_in), k_in, v_in, mask, attention.n_heads,
         dropout_rate=attention.dropout_rate, dropout_rng=attention_rng,
-        project_k=project(dense_k, w_k, s_k),
-        project_v=project(dense_v, w_v, s_v))
+        project_kv=dense_kv_projection, kv_params=(w_k, w_v))
     return project(output, w_out, s_out)(activations), mask
 
 
