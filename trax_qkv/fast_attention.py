@@ -94,6 +94,25 @@ def _keep_mask(rng, index, rate, shape):
                               shape)
 
 
+def _softmax_backward(weights, d_weights, row_sums, lse, rate, keep):
+  """(weights after dropout, d_logits) of a step of recomputed `weights`.
+
+  `d_weights` is dO . V for the weights after dropout, `row_sums` is
+  rowsum(dO * O), which equals rowsum(dW * W) also with dropout, and `keep`
+  the step's dropout mask (None when rate == 0). Masked logits were
+  constants (-1e9), so they get no gradient. Their weights are exactly 0
+  already (exp(-1e9 - lse) underflows), except in a fully masked row, where
+  lse rounds to -1e9 and every weight is 1: those rows are zeroed by a
+  per-row factor, not a pass over the mask.
+  """
+  kept = weights
+  if keep is not None:
+    kept = jnp.where(keep, weights / (1.0 - rate), 0.0)
+    d_weights = jnp.where(keep, d_weights / (1.0 - rate), 0.0)
+  row_has_keys = (lse > MASK_FILL / 2).astype(weights.dtype)
+  return kept, weights * ((d_weights - row_sums) * row_has_keys)
+
+
 class _Tiling:
   """Where step i of the 'fused' loop reads and writes.
 
@@ -245,18 +264,11 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
                        jnp.einsum('gqd,gkd->gqk', q_step, k_step), MASK_FILL)
     weights = jnp.exp(logits - step_lse)
     d_weights = jnp.einsum('gqd,gkd->gqk', d_out_step, v_step)
-    kept = weights
-    if rate > 0.0:
-      keep = _keep_mask(rng, step, rate, weights.shape)
-      kept = jnp.where(keep, weights / (1.0 - rate), 0.0)
-      d_weights = jnp.where(keep, d_weights / (1.0 - rate), 0.0)
-    row_sums = tiling.read_per_query(all_row_sums, step)
-    # Masked logits were constants (-1e9), so they get no gradient. Their
-    # weights are exactly 0 already (exp(-1e9 - lse) underflows), except in
-    # a fully masked row, where lse rounds to -1e9 and every weight is 1:
-    # those rows are zeroed by a per-row factor, not a pass over the mask.
-    row_has_keys = (step_lse > MASK_FILL / 2).astype(weights.dtype)
-    d_logits = weights * ((d_weights - row_sums) * row_has_keys)
+    keep = (_keep_mask(rng, step, rate, weights.shape) if rate > 0.0
+            else None)
+    kept, d_logits = _softmax_backward(
+        weights, d_weights, tiling.read_per_query(all_row_sums, step),
+        step_lse, rate, keep)
     d_q_step = jnp.einsum('gqk,gkd->gqd', d_logits, k_step) * tiling.scale
     # dK and dV as (d_head, Lk): XLA:CPU runs 'gqd,gqk->gdk' about 3x faster
     # than 'gqk,gqd->gkd' at these shapes.
@@ -342,7 +354,6 @@ def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
   `jax.vjp` of `project_kv` per block.
   """
   project_kv = project_kv or _unprojected
-  batch, lq, _ = q.shape
   lk = k.shape[1]
   block = min(block_size or DEFAULT_BLOCK_SIZE, lk)
   n_blocks = -(-lk // block)
@@ -391,9 +402,6 @@ class _ChunkConfig:
     valid = start + jnp.arange(self.block) < self.lk
     return jnp.where(valid, logits, _BLOCK_PAD_FILL)
 
-  def keep(self, rng, index, shape):
-    return _keep_mask(rng, index, self.rate, shape)
-
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _chunked_core(config, qh, sources, kv_params, mask, rng):
@@ -416,7 +424,7 @@ def _chunked_forward(config, qh, sources, kv_params, mask, rng):
     p = jnp.exp(logits - new_max[..., None])
     denominator = denominator * correction + p.sum(axis=-1)
     if config.rate > 0.0:
-      p = jnp.where(config.keep(rng, index, p.shape),
+      p = jnp.where(_keep_mask(rng, index, config.rate, p.shape),
                     p / (1.0 - config.rate), 0.0)
     numerator = numerator * correction[..., None] + jnp.einsum(
         'bhqk,bkhd->bhqd', p.astype(v_block.dtype),
@@ -447,9 +455,6 @@ def _chunked_backward(config, residuals, d_out):
   qh, sources, kv_params, mask, rng, out, lse = residuals
   n_blocks = sources[0].shape[1] // config.block
   row_sums = jnp.sum(d_out * out, axis=-1, keepdims=True)
-  # Masked logits were constants: no gradient. A fully masked row (lse
-  # rounds to -1e9, every weight 1) is zeroed by this factor (see 'fused').
-  row_has_keys = (lse > MASK_FILL / 2).astype(out.dtype)
   d_out = d_out.astype(out.dtype)
 
   def one_block(index, carry):
@@ -463,12 +468,10 @@ def _chunked_backward(config, residuals, d_out):
     weights = jnp.exp(config.logits(qh, k_block, mask, index) - lse)
     d_weights = jnp.einsum('bhqd,bkhd->bhqk', d_out,
                            _heads(v_block, config.n_heads))
-    kept = weights
-    if config.rate > 0.0:
-      keep = config.keep(rng, index, weights.shape)
-      kept = jnp.where(keep, weights / (1.0 - config.rate), 0.0)
-      d_weights = jnp.where(keep, d_weights / (1.0 - config.rate), 0.0)
-    d_logits = weights * ((d_weights - row_sums) * row_has_keys)
+    keep = (_keep_mask(rng, index, config.rate, weights.shape)
+            if config.rate > 0.0 else None)
+    kept, d_logits = _softmax_backward(weights, d_weights, row_sums, lse,
+                                       config.rate, keep)
     d_q = d_q + jnp.einsum('bhqk,bkhd->bhqd', d_logits, kh)
     d_k = jnp.einsum('bhqk,bhqd->bkhd', d_logits, qh.astype(out.dtype))
     d_v = jnp.einsum('bhqk,bhqd->bkhd', kept, d_out)
