@@ -122,11 +122,34 @@ class CheckedSerial(cb.Serial):
     return super().init(input_signature, rng=rng, use_cache=use_cache)
 
 
+def affine_rows(x, w, b):
+  """x @ w + b computed on a (rows, d_in) view of x (see `RowsDense`)."""
+  return (jnp.dot(x.reshape((-1, x.shape[-1])), w) + b).reshape(
+      x.shape[:-1] + (w.shape[-1],))
+
+
+class RowsDense(core.Dense):
+  """`core.Dense` (with bias) computed on a (rows, d_in) view of its input.
+
+  Same weights, initialisation and rng use as `core.Dense`; the outputs and
+  gradients agree within float32 rounding. XLA:CPU computes the gradients
+  of a 2-D dot faster than those of the (batch, L, d) one: the backward
+  pass of Dense(256) measured 3.9 ms instead of 4.6 at (32, 64, 256) and
+  7.3 instead of 8.7 at (4, 1024, 256) (one-off A/B, medians of 15 rounds;
+  the forward is the same). The 'reference' implementation keeps
+  `core.Dense`, whose gradients it reproduces bit for bit.
+  """
+
+  def forward(self, x):
+    w, b = self.weights
+    return affine_rows(x, w, b)
+
+
 def dense_kv_projection(k_block, v_block, kv_params):
-  """What the K and V `core.Dense` layers compute, from their (w, b)
+  """What the K and V `RowsDense` layers compute, from their (w, b)
   weights: a pure function that `jax.vjp` can pull gradients back through."""
   (w_k, b_k), (w_v, b_v) = kv_params
-  return jnp.dot(k_block, w_k) + b_k, jnp.dot(v_block, w_v) + b_v
+  return affine_rows(k_block, w_k, b_k), affine_rows(v_block, w_v, b_v)
 
 
 class KeyBlockProjectedAttention(cb.Serial):
@@ -205,9 +228,13 @@ def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: dis
   checks.check_sparsity('q_sparsity', q_sparsity, d_feature)
   checks.check_sparsity('result_sparsity', result_sparsity, d_feature)
 
+  # Any implementation but the bit-identical reference projects with
+  # RowsDense (faster gradients, same weights).
+  dense = core.Dense if implementation == 'reference' else RowsDense
+
   def _Projection(layer_sparsity):  # pylint: disable=invalid-name
     if layer_sparsity is None:
-      return core.Dense(d_feature)
+      return dense(d_feature)
     if layer_sparsity == 'noop':
       return cb.Serial()
     return cb.Serial(
@@ -218,8 +245,8 @@ def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: dis
 
   def _KVProjection():  # pylint: disable=invalid-name
     if cache_KV_in_predict and mode == 'predict':
-      return cb.Cache(core.Dense(d_feature))
-    return core.Dense(d_feature)
+      return cb.Cache(dense(d_feature))
+    return dense(d_feature)
 
   # Plain Dense projections (no sparsity, no cache) can be fused into the
   # key blocks of the chunked path.
