@@ -30,6 +30,20 @@ def test_kernel_bench_measures_every_implementation(tmp_path):
       kernel_bench.implementations_for('float32'))
 
 
+def test_interleaved_rounds_rotate_and_prime_each_turn():
+  """Each turn: `untimed` calls, then `calls` timed ones; rounds rotate."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  log = []
+
+  def contender(name):
+    return lambda: log.append(name) or jnp.zeros(())
+  times = kernel_bench.interleaved_times(
+      {'a': contender('a'), 'b': contender('b')}, rounds=2, warmup=1,
+      calls=2, untimed=1)
+  assert log == ['a', 'b'] + ['a'] * 3 + ['b'] * 3 + ['b'] * 3 + ['a'] * 3
+  assert {name: len(t) for name, t in times.items()} == {'a': 2, 'b': 2}
+
+
 def test_page_faults_count_fresh_memory():
   """A call that writes a fresh 64 MB output faults on its pages; one that
   writes 4 KB does not (malloc maps the big buffer afresh every call)."""

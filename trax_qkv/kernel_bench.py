@@ -6,10 +6,11 @@ any JAX device, a GPU included. `trax_qkv.bench` builds the layer-level
 comparison with the built-in `tl.AttentionQKV` on top of the timing helpers
 here.
 
-Timings are medians of interleaved rounds (one call of each contender per
-round) after warm-up; each timed call runs `calls` back-to-back dispatches
-and waits once, so that on a GPU the launch latency of a short kernel is
-not what is measured.
+Timings are medians of interleaved rounds (one turn of each contender per
+round) after warm-up; each turn pauses, makes one untimed call and then
+times `calls` back-to-back dispatches with one wait, so that neither a
+cold start nor, on a GPU, the launch latency of a short kernel is what is
+measured (see `interleaved_times`).
 """
 
 import json
@@ -41,21 +42,27 @@ def block_until_ready(tree):
   return jax.tree_util.tree_map(lambda a: a.block_until_ready(), tree)
 
 
-def interleaved_medians(fns, rounds, warmup=1, calls=1, settle=0.0):
+def interleaved_medians(fns, rounds, warmup=1, calls=1, settle=0.0,
+                        untimed=0):
   """{name: median seconds per call} (see `interleaved_times`)."""
-  times = interleaved_times(fns, rounds, warmup, calls, settle)
+  times = interleaved_times(fns, rounds, warmup, calls, settle, untimed)
   return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def interleaved_times(fns, rounds, warmup=1, calls=1, settle=0.0):
+def interleaved_times(fns, rounds, warmup=1, calls=1, settle=0.0, untimed=0):
   """{name: [seconds per call in each round]} of zero-argument callables.
 
   Contenders run round-robin, `calls` times each per round, so that a
   machine slowing down or speeding up affects all of them alike, and each
-  round starts one contender later. Before each timed call the process
-  sleeps `settle` seconds: on a CPU a call right after one that freed
-  hundreds of MB (the built-in at length >= 1024) measured 10-25 % slower
-  while the kernel was still reclaiming that memory.
+  round starts one contender later. Before each contender's turn the
+  process sleeps `settle` seconds: on a CPU a call right after one that
+  freed hundreds of MB (the built-in at length >= 1024) measured 10-25 %
+  slower while the kernel was still reclaiming that memory. `untimed`
+  calls of the contender then run before its timed ones: the first call
+  after the pause pays for waking the idle thread pool and cold caches
+  (at (8, 256, 256, 8) 'fused' forward+backward measured 62 ms that way
+  and 47 ms right after a call of itself, the built-in 73 ms both ways), a
+  cost a training loop, which runs its steps back to back, does not pay.
   """
   for fn in fns.values():
     for _ in range(warmup):
@@ -67,6 +74,8 @@ def interleaved_times(fns, rounds, warmup=1, calls=1, settle=0.0):
     for name in names[shift:] + names[:shift]:
       fn = fns[name]
       time.sleep(settle)
+      for _ in range(untimed):
+        block_until_ready(fn())
       start = time.perf_counter()
       for _ in range(calls):
         out = fn()
@@ -203,7 +212,7 @@ def bench_shape(shape, dtype, rounds, calls):
       result[name][f'{key}_temp_mb'] = (None if temp is None
                                         else temp / 2**20)
     seconds = interleaved_medians(fns, rounds, calls=calls,
-                                  settle=settle_seconds())
+                                  settle=settle_seconds(), untimed=1)
     for name in names:
       result[name][f'{key}_ms'] = seconds[name] * 1e3
       result[name][f'{key}_vs_reference'] = (seconds['reference'] /
