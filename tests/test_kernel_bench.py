@@ -44,6 +44,29 @@ def test_interleaved_rounds_rotate_and_prime_each_turn():
   assert {name: len(t) for name, t in times.items()} == {'a': 2, 'b': 2}
 
 
+def test_short_calls_are_repeated_to_fill_a_turn():
+  """min_turn_seconds: a 50 ms call is timed once per turn, a call of
+  microseconds many times (counts from the last warm-up call's time)."""
+  import time  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  counts = {'fast': 0, 'slow': 0}
+
+  def contender(name, seconds):
+    def call():
+      counts[name] += 1
+      time.sleep(seconds)
+      return jnp.zeros(())
+    return call
+  kernel_bench.interleaved_times(
+      {'fast': contender('fast', 0.0), 'slow': contender('slow', 0.05)},
+      rounds=2, min_turn_seconds=0.02)
+  assert counts['slow'] == 1 + 2  # warm-up, then one timed call per turn
+  assert counts['fast'] > 1 + 2 * 10
+  with pytest.raises(ValueError, match='warm-up'):
+    kernel_bench.interleaved_times({'x': contender('fast', 0.0)}, rounds=1,
+                                   warmup=0, min_turn_seconds=0.1)
+
+
 def test_page_faults_count_fresh_memory():
   """A call that writes a fresh 64 MB output faults on its pages; one that
   writes 4 KB does not (malloc maps the big buffer afresh every call)."""

@@ -29,6 +29,9 @@ LAYER_SHAPES = ((32, 64, 64, 256, 8), (8, 256, 256, 256, 8),
                 (4, 1024, 1024, 256, 8), (1, 4096, 4096, 256, 8))
 CROSS_SHAPE = (4, 64, 8192, 256, 8)  # (batch, Lq, Lk, d_model, heads)
 BUILTIN = 'builtin'
+# Each contender's turn in a round times back-to-back calls for at least
+# this long (one call at length >= 1024; several at the small shapes).
+MIN_TURN_SECONDS = 0.1
 
 
 def contenders():
@@ -83,7 +86,8 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
       fns[name], memory[name] = _compiled(factory(d, heads, 'eval'), x,
                                           backward)
     times = kernel_bench.interleaved_times(
-        fns, rounds, settle=kernel_bench.settle_seconds(), untimed=1)
+        fns, rounds, settle=kernel_bench.settle_seconds(), untimed=1,
+        min_turn_seconds=MIN_TURN_SECONDS)
     for name in fns:
       result.setdefault(name, {})[f'{key}_ms'] = float(
           np.median(times[name])) * 1e3

@@ -8,12 +8,13 @@ here.
 
 Timings are medians of interleaved rounds (one turn of each contender per
 round) after warm-up; each turn pauses, makes one untimed call and then
-times `calls` back-to-back dispatches with one wait, so that neither a
-cold start nor, on a GPU, the launch latency of a short kernel is what is
-measured (see `interleaved_times`).
+times back-to-back dispatches with one wait, so that neither a cold start
+nor, on a GPU, the launch latency of a short kernel is what is measured
+(see `interleaved_times`).
 """
 
 import json
+import math
 import os
 import resource
 import time
@@ -43,30 +44,43 @@ def block_until_ready(tree):
 
 
 def interleaved_medians(fns, rounds, warmup=1, calls=1, settle=0.0,
-                        untimed=0):
+                        untimed=0, min_turn_seconds=0.0):
   """{name: median seconds per call} (see `interleaved_times`)."""
-  times = interleaved_times(fns, rounds, warmup, calls, settle, untimed)
+  times = interleaved_times(fns, rounds, warmup, calls, settle, untimed,
+                            min_turn_seconds)
   return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def interleaved_times(fns, rounds, warmup=1, calls=1, settle=0.0, untimed=0):
+def interleaved_times(fns, rounds, warmup=1, calls=1, settle=0.0, untimed=0,
+                      min_turn_seconds=0.0):
   """{name: [seconds per call in each round]} of zero-argument callables.
 
-  Contenders run round-robin, `calls` times each per round, so that a
-  machine slowing down or speeding up affects all of them alike, and each
-  round starts one contender later. Before each contender's turn the
-  process sleeps `settle` seconds: on a CPU a call right after one that
-  freed hundreds of MB (the built-in at length >= 1024) measured 10-25 %
-  slower while the kernel was still reclaiming that memory. `untimed`
-  calls of the contender then run before its timed ones: the first call
-  after the pause pays for waking the idle thread pool and cold caches
-  (at (8, 256, 256, 8) 'fused' forward+backward measured 62 ms that way
-  and 47 ms right after a call of itself, the built-in 73 ms both ways), a
-  cost a training loop, which runs its steps back to back, does not pay.
+  Contenders run round-robin, one turn each per round, so that a machine
+  slowing down or speeding up affects all of them alike, and each round
+  starts one contender later. A turn times `calls` back-to-back calls, or
+  more where the contender's last warm-up call says that `calls` would take
+  under `min_turn_seconds`: a 30 ms call timed alone moves by several ms
+  from round to round on this machine, an average over 0.1 s much less.
+  Before each turn the process sleeps `settle` seconds: on a CPU a call
+  right after one that freed hundreds of MB (the built-in at length >=
+  1024) measured 10-25 % slower while the kernel was still reclaiming that
+  memory. `untimed` calls of the contender then run before its timed ones:
+  the first call after the pause pays for waking the idle thread pool and
+  cold caches (at (8, 256, 256, 8) 'fused' forward+backward measured 62 ms
+  that way and 47 ms right after a call of itself, the built-in 73 ms both
+  ways), a cost a training loop, which runs its steps back to back, does
+  not pay.
   """
-  for fn in fns.values():
+  if min_turn_seconds and warmup < 1:
+    raise ValueError('min_turn_seconds needs a warm-up call to time')
+  turn_calls = {}
+  for name, fn in fns.items():
     for _ in range(warmup):
+      start = time.perf_counter()
       block_until_ready(fn())
+      seconds = time.perf_counter() - start
+    turn_calls[name] = calls if not min_turn_seconds else max(
+        calls, math.ceil(min_turn_seconds / seconds))
   times = {name: [] for name in fns}
   names = list(fns)
   for round_index in range(rounds):
@@ -77,10 +91,10 @@ def interleaved_times(fns, rounds, warmup=1, calls=1, settle=0.0, untimed=0):
       for _ in range(untimed):
         block_until_ready(fn())
       start = time.perf_counter()
-      for _ in range(calls):
+      for _ in range(turn_calls[name]):
         out = fn()
       block_until_ready(out)
-      times[name].append((time.perf_counter() - start) / calls)
+      times[name].append((time.perf_counter() - start) / turn_calls[name])
   return times
 
 
