@@ -216,7 +216,8 @@ def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: dis
     q_sparsity: None (Dense), 'noop' (no projection) or an int: Trax's
         factored sparse projection for the queries.
     result_sparsity: the same choice for the output projection.
-    implementation: formulation of the attention math (see PureAttention).
+    implementation: formulation of the attention math (see PureAttention);
+        any but 'reference' also projects with `RowsDense`.
 
   Returns:
     A layer with the built-in's weights tree: Wq, bq, Wk, bk, Wv, bv, Wo, bo.
