@@ -94,6 +94,12 @@ def _keep_mask(rng, index, rate, shape):
                               shape)
 
 
+def _dropped(x, keep, rate):
+  """x with the entries dropped by `keep` zeroed and the kept ones scaled by
+  1 / (1 - rate), so that the expectation is unchanged."""
+  return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
 def _softmax_backward(weights, d_weights, row_sums, lse, rate, keep):
   """(weights after dropout, d_logits) of a step of recomputed `weights`.
 
@@ -107,8 +113,8 @@ def _softmax_backward(weights, d_weights, row_sums, lse, rate, keep):
   """
   kept = weights
   if keep is not None:
-    kept = jnp.where(keep, weights / (1.0 - rate), 0.0)
-    d_weights = jnp.where(keep, d_weights / (1.0 - rate), 0.0)
+    kept = _dropped(weights, keep, rate)
+    d_weights = _dropped(d_weights, keep, rate)
   row_has_keys = (lse > MASK_FILL / 2).astype(weights.dtype)
   return kept, weights * ((d_weights - row_sums) * row_has_keys)
 
@@ -223,9 +229,8 @@ def _fused_forward(q, k, v, mask, tiles, n_heads, rate, rng):
     step_lse = row_max + jnp.log(jnp.sum(unnormalised, axis=-1,
                                          keepdims=True))
     if rate > 0.0:
-      unnormalised = jnp.where(
-          _keep_mask(rng, step, rate, unnormalised.shape),
-          unnormalised / (1.0 - rate), 0.0)
+      unnormalised = _dropped(
+          unnormalised, _keep_mask(rng, step, rate, unnormalised.shape), rate)
     # exp(max - lse) rounds as the reference's exp(logits - lse) does: in a
     # fully masked row lse rounds to -1e9 and every key weighs 1.
     rows = (jnp.einsum('gqk,gkd->gqd', unnormalised,
@@ -424,8 +429,8 @@ def _chunked_forward(config, qh, sources, kv_params, mask, rng):
     p = jnp.exp(logits - new_max[..., None])
     denominator = denominator * correction + p.sum(axis=-1)
     if config.rate > 0.0:
-      p = jnp.where(_keep_mask(rng, index, config.rate, p.shape),
-                    p / (1.0 - config.rate), 0.0)
+      p = _dropped(p, _keep_mask(rng, index, config.rate, p.shape),
+                   config.rate)
     numerator = numerator * correction[..., None] + jnp.einsum(
         'bhqk,bkhd->bhqd', p.astype(v_block.dtype),
         _heads(v_block, config.n_heads)).astype(acc_dtype)
