@@ -43,11 +43,9 @@ def block_until_ready(tree):
   return jax.tree_util.tree_map(lambda a: a.block_until_ready(), tree)
 
 
-def interleaved_medians(fns, rounds, warmup=1, calls=1, settle=0.0,
-                        untimed=0, min_turn_seconds=0.0):
-  """{name: median seconds per call} (see `interleaved_times`)."""
-  times = interleaved_times(fns, rounds, warmup, calls, settle, untimed,
-                            min_turn_seconds)
+def interleaved_medians(fns, rounds, **timing):
+  """{name: median seconds per call}; `timing` as in `interleaved_times`."""
+  times = interleaved_times(fns, rounds, **timing)
   return {name: float(np.median(t)) for name, t in times.items()}
 
 
