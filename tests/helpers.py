@@ -1,6 +1,6 @@
 """Shared test helpers: random attention inputs, tree comparisons, data paths."""
 
-import importlib.util
+import importlib
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -52,13 +52,10 @@ def require_shared_data(name):
   return path
 
 
-def load_script(name):
-  """scripts/{name}.py as a module, so tests call its main() in-process."""
-  spec = importlib.util.spec_from_file_location(
-      name, os.path.join(ROOT, 'scripts', f'{name}.py'))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def command(name):
+  """The console command `trax_qkv.cli.<name>` (its build_parser and main),
+  so that tests run it in-process."""
+  return importlib.import_module(f'trax_qkv.cli.{name}')
 
 
 def tiny_train_bindings(tfds_dir, steps, eval_frequency=5, d_model=32):

@@ -10,12 +10,18 @@ from trax import shapes
 from trax.layers import core
 
 import trax_qkv
-from trax_qkv import attention_math
-from trax_qkv import fast_attention
+from trax_qkv import kernels
+from trax_qkv.kernels import chunked
+from trax_qkv.kernels import cudnn
+from trax_qkv.kernels import fused
+from trax_qkv.kernels import reference as reference_math
+from trax_qkv.layers import attention as attention_layers
 from helpers import qkv_inputs
 
 RTOL = 1e-5
-FAST = ('fused', 'chunked', 'cudnn', 'auto')
+# 'cudnn' runs on a GPU only (bf16/fp16); elsewhere asking for it raises.
+ON_CUDNN = cudnn.unsupported_reason(jnp.bfloat16) is None
+FAST = ('fused', 'chunked', 'auto')
 # The math tests also run 'fused' with steps of query blocks.
 FAST_MATH = FAST + ('fused:query_blocks',)
 CASES = {
@@ -40,13 +46,13 @@ def _case(name, fully_masked_row=True):
 
 def _implementation(name):
   if name == 'chunked':  # small blocks, so several blocks and a ragged last
-    return functools.partial(fast_attention.chunked_attention, block_size=4)
+    return functools.partial(chunked.chunked_attention, block_size=4)
   if name == 'fused':  # one query of one (batch, head) pair per step
-    return functools.partial(fast_attention.fused_attention, step_elements=1)
+    return functools.partial(fused.fused_attention, step_elements=1)
   if name == 'fused:query_blocks':  # 2 queries per step, odd Lq padded
-    return lambda q, k, v, *rest: fast_attention.fused_attention(
+    return lambda q, k, v, *rest: fused.fused_attention(
         q, k, v, *rest, step_elements=2 * k.shape[1])
-  return functools.partial(fast_attention.attend, implementation=name)
+  return functools.partial(kernels.attend, implementation=name)
 
 
 def _relative_error(x, reference):
@@ -80,7 +86,7 @@ def test_forward_and_gradients_match_reference(case, name):
   fast = _implementation(name)
 
   def reference(q, k, v):
-    return attention_math.dot_product_attention(q, k, v, mask, n_heads)[0]
+    return reference_math.dot_product_attention(q, k, v, mask, n_heads)[0]
 
   def candidate(q, k, v):
     return fast(q, k, v, mask, n_heads)
@@ -97,9 +103,9 @@ def test_forward_and_gradients_match_reference(case, name):
 def test_fully_masked_rows_match_trax():
   """Trax weighs every key by 1 in a fully masked row; all paths agree."""
   n_heads, (q, k, v, mask) = _case('padding')
-  ref = attention_math.dot_product_attention(q, k, v, mask, n_heads)[0]
-  v_heads = attention_math.split_heads(v[:1], n_heads)
-  expected = attention_math.merge_heads(
+  ref = reference_math.dot_product_attention(q, k, v, mask, n_heads)[0]
+  v_heads = reference_math.split_heads(v[:1], n_heads)
+  expected = reference_math.merge_heads(
       jnp.broadcast_to(v_heads.sum(axis=2, keepdims=True),
                        (1, n_heads, q.shape[1], v_heads.shape[-1])))
   np.testing.assert_allclose(ref[:1], expected, rtol=1e-5, atol=1e-5)
@@ -112,9 +118,9 @@ def test_fully_masked_rows_match_trax():
 def test_blockwise_dropout_keeps_expectation(name):
   """Per-block masks: other bits than the reference, same rate, unbiased."""
   n_heads, (q, k, v, mask) = _case('lq_ne_lk', fully_masked_row=False)
-  attend = {'fused': functools.partial(fast_attention.fused_attention,
+  attend = {'fused': functools.partial(fused.fused_attention,
                                        step_elements=1),
-            'chunked': functools.partial(fast_attention.chunked_attention,
+            'chunked': functools.partial(chunked.chunked_attention,
                                          block_size=8)}[name]
   no_dropout = attend(q, k, v, mask, n_heads)
   samples = jax.jit(jax.vmap(
@@ -141,8 +147,8 @@ def test_fused_dropout_gradient_matches_autodiff(mask_rows, layout):
   grads = [
       jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v) * cotangent),
                argnums=(0, 1, 2))(q, k, v)
-      for f in (lambda q, k, v: fast_attention._fused_core(q, k, v, *rest),  # pylint: disable=protected-access
-                lambda q, k, v: fast_attention._fused_forward(  # pylint: disable=protected-access
+      for f in (lambda q, k, v: fused._fused_core(q, k, v, *rest),  # pylint: disable=protected-access
+                lambda q, k, v: fused._fused_forward(  # pylint: disable=protected-access
                     q, k, v, *rest)[0])]
   for custom, autodiff in zip(*grads):
     assert _relative_error(custom, autodiff) < RTOL
@@ -150,7 +156,7 @@ def test_fused_dropout_gradient_matches_autodiff(mask_rows, layout):
 
 def test_fused_step_tiles():
   def step_tiles(*shape, target=2**20):
-    return fast_attention._step_tiles(*shape, target=target)  # pylint: disable=protected-access
+    return fused._step_tiles(*shape, target=target)  # pylint: disable=protected-access
   assert step_tiles(32, 8, 64, 64) == (32, 8, 64)     # small: one step
   assert step_tiles(8, 8, 256, 256) == (2, 8, 256)    # whole batch entries
   assert step_tiles(4, 8, 1024, 1024) == (1, 1, 1024)  # one head per step
@@ -158,12 +164,12 @@ def test_fused_step_tiles():
   assert step_tiles(1, 8, 4096, 4096) == (1, 1, 256)  # query blocks
   assert step_tiles(1, 8, 4099, 4096) == (1, 1, 242)  # 17 blocks, 15 padded
   assert step_tiles(1, 1, 8, 8, target=30) == (1, 1, 3)
-  assert fast_attention._step_tiles(4, 8, 1024, 1024) == (1, 1, 512)  # pylint: disable=protected-access
+  assert fused._step_tiles(4, 8, 1024, 1024) == (1, 1, 512)  # pylint: disable=protected-access
 
 
 def test_auto_chooses_by_shape_and_device():
   long = jnp.zeros((1, 8192, 256))
-  choose = fast_attention.choose_implementation
+  choose = kernels.choose
   assert choose(long[:, :64], long, 8, 0.0) == 'chunked'  # long memory
   on_gpu = jax.default_backend() == 'gpu'
   default = 'reference' if on_gpu else 'fused'
@@ -175,14 +181,14 @@ def test_auto_chooses_by_shape_and_device():
 
 
 @pytest.mark.parametrize('name', FAST)
-@pytest.mark.parametrize('mode,dropout', [('eval', 0.0), ('train', 0.1),
-                                          ('viz', 0.0)])
-def test_layer_uses_same_weights_and_matches(name, mode, dropout):
+@pytest.mark.parametrize('mode', ['eval', 'train', 'viz'])
+def test_layer_uses_same_weights_and_matches(name, mode):
+  """Without dropout every mode computes the reference's math; train mode
+  with dropout is tested for its statistics below."""
   n_heads, x = _case('padding', fully_masked_row=False)
-  reference = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode=mode,
-                                    dropout=dropout)
+  reference = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode=mode)
   fast = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode=mode,
-                               dropout=dropout, implementation=name)
+                               implementation=name)
   rng = jax.random.PRNGKey(0)
   w, s = reference.init(shapes.signature(x), rng=rng)
   w_fast, s_fast = fast.init(shapes.signature(x), rng=rng)
@@ -191,14 +197,76 @@ def test_layer_uses_same_weights_and_matches(name, mode, dropout):
     assert np.array_equal(a, b)
   y_ref, s_ref = reference.pure_fn(x, w, s, rng)
   y_fast, s_fast = fast.pure_fn(x, w, s, rng)
-  if mode == 'train':  # fast paths draw dropout per block: other bits
-    assert np.all(np.isfinite(y_fast[0]))
-  else:
-    assert _relative_error(y_fast[0], y_ref[0]) < RTOL
+  assert _relative_error(y_fast[0], y_ref[0]) < RTOL
   if mode == 'viz':  # viz runs the reference: weights are the state
     for a, b in zip(jax.tree_util.tree_leaves(s_ref),
                     jax.tree_util.tree_leaves(s_fast)):
       assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize('name', FAST)
+def test_train_mode_dropout_keeps_rate_and_expectation(name):
+  """PureAttention in train mode with dropout 0.25, over 400 keys: with V
+  the identity, the output is the weights after dropout, so the share of
+  dropped weights is the rate, the kept ones are the eval weights / 0.75,
+  and the mean over keys is the eval output (the reference's, whose
+  masks have other bits)."""
+  rate, n_keys = 0.25, 400
+  q = jax.random.normal(jax.random.PRNGKey(1), (2, 6, 8))
+  k = jax.random.normal(jax.random.PRNGKey(2), (2, 8, 8))
+  v = jnp.broadcast_to(jnp.eye(8), (2, 8, 8))
+  x = (q, k, v, jnp.ones((2, 1, 1, 8), bool))
+  weights = trax_qkv.PureAttention(n_heads=1, mode='eval')(x)[0]
+  train = trax_qkv.PureAttention(n_heads=1, dropout=rate, mode='train',
+                                 implementation=name)
+  train.init(shapes.signature(x))
+  run = jax.jit(jax.vmap(lambda rng: train.pure_fn(x, (), (), rng)[0][0]))
+  samples = np.asarray(run(jax.random.split(jax.random.PRNGKey(0), n_keys)))
+  dropped = samples == 0.0
+  # 38,400 Bernoulli(0.25) draws: std of the share 0.0022.
+  assert abs(dropped.mean() - rate) < 0.01
+  kept = np.broadcast_to(weights / (1 - rate), samples.shape)[~dropped]
+  np.testing.assert_allclose(samples[~dropped], kept, rtol=1e-5, atol=1e-7)
+  # Each mean over 400 keys: std <= 0.58 * w / sqrt(400) < 0.03 * w.
+  np.testing.assert_allclose(samples.mean(0), weights, rtol=0.15, atol=0.01)
+  # Masks differ between keys, as the reference's do.
+  assert not np.array_equal(samples[0], samples[1])
+
+
+def test_cudnn_that_cannot_run_raises_and_says_why():
+  """Asked for explicitly, 'cudnn' raises where it cannot run (as
+  jax.nn.dot_product_attention does); only 'auto' falls back."""
+  n_heads, (q, k, v, mask) = _case('padding', fully_masked_row=False)
+  if not ON_CUDNN:  # this machine: no GPU
+    backend = jax.default_backend()
+    for make in (lambda: trax_qkv.AttentionQKV(16, implementation='cudnn'),
+                 lambda: trax_qkv.PureAttention(implementation='cudnn'),
+                 lambda: kernels.attend(q, k, v, mask, n_heads,
+                                        implementation='cudnn')):
+      with pytest.raises(ValueError, match=(
+          f"implementation='cudnn' cannot run here: it needs a GPU and "
+          f"JAX's default backend is '{backend}'")):
+        make()
+  else:
+    with pytest.raises(ValueError, match='it has no attention dropout'):
+      trax_qkv.AttentionQKV(16, dropout=0.1, mode='train',
+                            implementation='cudnn')
+    layer = trax_qkv.PureAttention(n_heads=n_heads, implementation='cudnn')
+    with pytest.raises(ValueError, match='takes bfloat16 or float16 inputs; '
+                       'got float32'):
+      layer.init(shapes.signature((q, k, v, mask)))
+  # Where it cannot run, 'auto' chooses another implementation.
+  assert kernels.resolve('auto', q, k, n_heads, 0.1) != 'cudnn'
+
+
+@pytest.mark.skipif(not ON_CUDNN, reason='cuDNN attention needs a GPU')
+def test_cudnn_matches_reference_in_bfloat16():
+  n_heads, (q, k, v, mask) = _case('lq_ne_lk', fully_masked_row=False)
+  q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+  expected = reference_math.dot_product_attention(
+      *(x.astype(jnp.float32) for x in (q, k, v)), mask, n_heads)[0]
+  got = kernels.attend(q, k, v, mask, n_heads, implementation='cudnn')
+  assert _relative_error(got, expected) < 2e-2  # bfloat16 rounding
 
 
 @pytest.mark.parametrize('name', FAST)
@@ -211,7 +279,7 @@ def test_layer_gradients_match_reference(name):
                                implementation=name)
   assert type(reference.sublayers[1].sublayers[0].sublayers[0]) is core.Dense
   assert isinstance(fast.sublayers[1].sublayers[0].sublayers[0],
-                    trax_qkv.layers.RowsDense)
+                    attention_layers.RowsDense)
   rng = jax.random.PRNGKey(0)
   weights, state = reference.init(shapes.signature(x), rng=rng)
   _assert_gradients_close(_layer_gradients(fast, weights, state, x, rng),
@@ -243,7 +311,7 @@ def test_predict_with_kv_cache(name):
 def test_large_and_bf16_inputs_stay_finite(name, dtype, scale):
   n_heads, (q, k, v, mask) = _case('padding')
   q, k, v = (x.astype(dtype) * scale for x in (q, k, v))
-  f = (lambda *a: attention_math.dot_product_attention(*a, mask, n_heads)[0]
+  f = (lambda *a: reference_math.dot_product_attention(*a, mask, n_heads)[0]
        ) if name == 'reference' else (
            lambda *a: _implementation(name)(*a, mask, n_heads))
   out = f(q, k, v)
@@ -262,13 +330,13 @@ def test_unknown_implementation():
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_key_block_projection_matches_reference(case, monkeypatch):
   """'chunked' AttentionQKV projects K and V inside the key blocks."""
-  monkeypatch.setattr(fast_attention, 'DEFAULT_BLOCK_SIZE', 4)  # ragged too
+  monkeypatch.setattr(chunked, 'DEFAULT_BLOCK_SIZE', 4)  # ragged too
   n_heads, (q, k, v, mask) = _case(case)
   k, v = k[..., :12], v[..., :12]  # K/V inputs of another width than Q
   reference = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='eval')
   fast = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='eval',
                                implementation='chunked')
-  assert isinstance(fast.sublayers[1], trax_qkv.layers.KeyBlockProjectedAttention)
+  assert isinstance(fast.sublayers[1], attention_layers.KeyBlockProjectedAttention)
   rng = jax.random.PRNGKey(0)
   x = (q, k, v, mask)
   weights, state = reference.init(shapes.signature(x), rng=rng)
@@ -307,20 +375,20 @@ def test_chunked_dropout_gradient_matches_autodiff(projected, monkeypatch):
   kv_params = tuple((jax.random.normal(keys[i], (16, 16)) * 0.3,
                      jax.random.normal(keys[i + 2], (16,)))
                     for i in range(2)) if projected else ()
-  project_kv = trax_qkv.layers.dense_kv_projection if projected else None
+  project_kv = attention_layers.dense_kv_projection if projected else None
   cotangent = jax.random.normal(jax.random.PRNGKey(5), q.shape)
 
   def gradients():
     def loss(q, k, v, kv_params):
-      out = fast_attention.chunked_attention(
+      out = chunked.chunked_attention(
           q, k, v, mask, n_heads, 0.3, jax.random.PRNGKey(4), block_size=4,
           project_kv=project_kv, kv_params=kv_params)
       return jnp.sum(out * cotangent)
     return jax.tree_util.tree_leaves(
         jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, kv_params))
   custom = gradients()
-  monkeypatch.setattr(fast_attention, '_chunked_core',
-                      lambda *args: fast_attention._chunked_forward(*args)[0])  # pylint: disable=protected-access
+  monkeypatch.setattr(chunked, '_chunked_core',
+                      lambda *args: chunked._chunked_forward(*args)[0])  # pylint: disable=protected-access
   autodiff = gradients()
   assert len(custom) == (7 if projected else 3)
   _assert_gradients_close(custom, autodiff)

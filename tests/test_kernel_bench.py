@@ -6,13 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from trax_qkv import kernel_bench
-from helpers import load_script
+from trax_qkv.benchmarks import kernels as kernel_bench
+from trax_qkv.benchmarks import timing
+from helpers import command
 
 
 def test_kernel_bench_measures_every_implementation(tmp_path):
   shape = (2, 16, 24, 16, 4)  # batch, Lq, Lk, d_model, heads
-  load_script('bench_kernels').main([
+  command('bench_kernels').main([
       '--rounds', '1', '--shape', *map(str, shape),
       '--output_dir', str(tmp_path)])
   results = json.loads((tmp_path / 'kernel_bench.json').read_text())
@@ -37,7 +38,7 @@ def test_interleaved_rounds_rotate_and_prime_each_turn():
 
   def contender(name):
     return lambda: log.append(name) or jnp.zeros(())
-  times = kernel_bench.interleaved_times(
+  times = timing.interleaved_times(
       {'a': contender('a'), 'b': contender('b')}, rounds=2, warmup=1,
       calls=2, untimed=1)
   assert log == ['a', 'b'] + ['a'] * 3 + ['b'] * 3 + ['b'] * 3 + ['a'] * 3
@@ -60,13 +61,13 @@ def test_short_calls_are_repeated_to_fill_a_turn():
         time.sleep(seconds)
       return result
     return call
-  kernel_bench.interleaved_times(
+  timing.interleaved_times(
       {'fast': contender('fast', 0.0), 'slow': contender('slow', 0.25)},
       rounds=2, min_turn_seconds=0.2)
   assert counts['slow'] == 1 + 2  # warm-up, then one timed call per turn
   assert counts['fast'] >= 1 + 2 * 4
   with pytest.raises(ValueError, match='warm-up'):
-    kernel_bench.interleaved_times({'x': contender('fast', 0.0)}, rounds=1,
+    timing.interleaved_times({'x': contender('fast', 0.0)}, rounds=1,
                                    warmup=0, min_turn_seconds=0.1)
 
 
@@ -77,14 +78,14 @@ def test_page_faults_count_fresh_memory():
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   fill = jax.jit(lambda x, n: jnp.full((n,), x), static_argnums=1)
   pages = 2**26 // 4096
-  big, _ = kernel_bench.page_faults_per_call(lambda: fill(1.0, 2**24))
-  small, _ = kernel_bench.page_faults_per_call(lambda: fill(1.0, 2**10))
+  big, _ = timing.page_faults_per_call(lambda: fill(1.0, 2**24))
+  small, _ = timing.page_faults_per_call(lambda: fill(1.0, 2**10))
   assert big > pages / 2 and small < pages / 16, (big, small)
 
 
 def test_bad_shape_is_refused_before_any_work(capsys):
   with pytest.raises(SystemExit) as exit_info:
-    load_script('bench_kernels').main(['--shape', '1', '8', '8', '10', '4'])
+    command('bench_kernels').main(['--shape', '1', '8', '8', '10', '4'])
   assert exit_info.value.code == 2
   assert 'HEADS must divide D_MODEL' in capsys.readouterr().err
 
@@ -93,9 +94,9 @@ def test_bad_shape_is_refused_before_any_work(capsys):
 def test_bench_quick_run_keeps_rounds_and_pairs_them(tmp_path):
   """scripts/bench.py --quick: every contender at every shape, each round's
   time kept, medians and the per-round (paired) speed-ups made from them."""
-  from trax_qkv import bench  # pylint: disable=g-import-not-at-top
+  from trax_qkv.benchmarks import layers as bench  # pylint: disable=g-import-not-at-top
   rounds = 2
-  load_script('bench').main(['--quick', '--rounds', str(rounds),
+  command('bench').main(['--quick', '--rounds', str(rounds),
                              '--output_dir', str(tmp_path)])
   results = json.loads((tmp_path / 'bench.json').read_text())
   for entry in results['layers']:

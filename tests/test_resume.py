@@ -19,17 +19,17 @@ import trax
 from trax import layers as tl
 from trax.supervised import training as trax_training
 
-from trax_qkv import checkpointing
-from trax_qkv import training
-from helpers import CONFIGS, ROOT, load_script, tiny_train_bindings
+from trax_qkv.supervised import checkpointing
+from trax_qkv.supervised import training
+from helpers import CONFIGS, ROOT, command, tiny_train_bindings
 
 # 1 vs 2 devices after 30 steps (measured: losses 8e-8 relative, weights
 # 2.3e-7 absolute): float reassociation only, the loss is the same mean.
 DATA_PARALLEL_LOSS_RTOL = 1e-6
 DATA_PARALLEL_WEIGHTS_ATOL = 1e-5
 
-train_script = load_script('train')
-validate_script = load_script('validate')
+train_script = command('train')
+validate_script = command('validate')
 
 
 def _kill_at_checkpoint(argv, output_dir, min_step, log_path):
@@ -106,23 +106,23 @@ def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
             '--data_dir', str(tmp_path / 'tfds'), '--vocab_size', '200',
             '--d_model', '32', '--d_ff', '64', '--n_layers', '1',
             '--n_heads', '2', '--steps', '400', '--eval_every', '50',
-            '--batch_size', '16', '--implementations', 'trax_qkv',
+            '--batch_size', '16', '--implementations', 'reference',
             '--max_test_sentences', '4', '--beam_sentences', '1',
             '--output_dir', str(output_dir)]
 
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
   validate_script.main(argv(uninterrupted)[1:])
-  killed_at = _kill_at_checkpoint(argv(resumed), str(resumed / 'plugin'),
+  killed_at = _kill_at_checkpoint(argv(resumed), str(resumed / 'reference'),
                                   100, tmp_path / 'killed.log')
   assert 100 <= killed_at < 400
   validate_script.main(argv(resumed)[1:])
-  _assert_same_run(str(uninterrupted / 'plugin'), str(resumed / 'plugin'))
-  step_losses = _checkpoint(str(resumed / 'plugin'))[0]['history'][
+  _assert_same_run(str(uninterrupted / 'reference'), str(resumed / 'reference'))
+  step_losses = _checkpoint(str(resumed / 'reference'))[0]['history'][
       '_values']['train']['metrics/step_loss']
   assert [step for step, _ in step_losses] == list(range(1, 401))
-  assert ((uninterrupted / 'decodes_plugin.txt').read_text()
-          == (resumed / 'decodes_plugin.txt').read_text())
-  scores = [json.loads((run / 'summary.json').read_text())['plugin']
+  assert ((uninterrupted / 'decodes_reference.txt').read_text()
+          == (resumed / 'decodes_reference.txt').read_text())
+  scores = [json.loads((run / 'summary.json').read_text())['reference']
             for run in (uninterrupted, resumed)]
   for key in ('final_loss', 'eval_loss', 'bleu', 'chrf', 'exact_match'):
     assert scores[0][key] == scores[1][key], key
@@ -200,7 +200,7 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
 
 _TWO_DEVICE_RUNS = '''
 import sys
-from trax_qkv import training
+from trax_qkv.supervised import training
 configs, out, bindings = sys.argv[1], sys.argv[2], sys.argv[3:]
 for config, dropout in (('plugin.gin', 0.0), ('plugin.gin', 0.1),
                         ('builtin.gin', 0.1)):

@@ -7,16 +7,16 @@ import gin
 import pytest
 from trax.supervised import training as trax_training
 
-from trax_qkv import training
+from trax_qkv.supervised import training
 from helpers import CONFIGS, load_script, tiny_train_bindings as _tiny_bindings
 
-train_script = load_script('train')
+train_script = command('train')
 
 
 
 @pytest.mark.parametrize('config,implementation', [
-    ('builtin.gin', 'trax'), ('plugin.gin', 'trax_qkv'),
-    ('multi30k.gin', 'trax_qkv'), ('transformer_base.gin', None)])
+    ('builtin.gin', 'trax'), ('plugin.gin', 'reference'),
+    ('multi30k.gin', 'reference'), ('transformer_base.gin', None)])
 def test_every_config_parses(config, implementation):
   assert sorted(f for f in os.listdir(CONFIGS) if f.endswith('.gin')) == [
       'builtin.gin', 'multi30k.gin', 'plugin.gin', 'transformer_base.gin']

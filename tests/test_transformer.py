@@ -15,7 +15,8 @@ from trax import shapes
 from trax.supervised import decoding
 
 import trax_qkv
-from trax_qkv import evaluation
+from trax_qkv.supervised import decoding
+from trax_qkv.supervised import scoring
 from trax_qkv.data import EOS_ID
 from helpers import assert_trees_equal
 
@@ -112,7 +113,7 @@ def _eval_and_predict(cross_attention):
 
 
 def test_eval_matches_step_by_step_predict():
-  logits_eval, logits_predict = _eval_and_predict('trax_qkv')
+  logits_eval, logits_predict = _eval_and_predict('reference')
   np.testing.assert_allclose(logits_eval, logits_predict, rtol=1e-4,
                              atol=1e-5)
 
@@ -130,7 +131,7 @@ def test_greedy_decoding_identical():
     path = os.path.join(tmp, 'model.pkl.gz')
     model.save_to_file(path)
     decoded = {}
-    for name in ('trax', 'trax_qkv'):
+    for name in ('trax', 'reference'):
       predict = trax_qkv.CrossAttentionTransformer(
           VOCAB, mode='predict', dropout=0.0, cross_attention=name, **CONFIG)
       predict.init_from_file(path, weights_only=True,
@@ -139,7 +140,7 @@ def test_greedy_decoding_identical():
       decoded[name] = decoding.autoregressive_sample(
           predict, src, batch_size=len(src), temperature=0.0, max_length=8,
           eos_id=1)
-    assert np.array_equal(decoded['trax'], decoded['trax_qkv'])
+    assert np.array_equal(decoded['trax'], decoded['reference'])
 
 
 def test_beam_search_builtin_and_plugin_agree_and_one_beam_is_greedy():
@@ -150,24 +151,24 @@ def test_beam_search_builtin_and_plugin_agree_and_one_beam_is_greedy():
     path = os.path.join(tmp, 'model.pkl.gz')
     model.save_to_file(path)
     decoded = {}
-    for name in ('trax', 'trax_qkv'):
+    for name in ('trax', 'reference'):
       model_fn = functools.partial(trax_qkv.CrossAttentionTransformer, VOCAB,
                                    dropout=0.0, cross_attention=name,
                                    **CONFIG)
 
       def prepared(rows, model_fn=model_fn):
-        return evaluation.predict_model(model_fn, path, rows, src_len,
+        return decoding.predict_model(model_fn, path, rows, src_len,
                                         max_len)
-      greedy = evaluation.greedy_decode(prepared(3), sources, 3, src_len,
+      greedy = decoding.greedy_decode(prepared(3), sources, 3, src_len,
                                         max_len)
-      one_beam = evaluation.beam_decode(prepared(3), sources, 3, src_len, 1,
+      one_beam = decoding.beam_decode(prepared(3), sources, 3, src_len, 1,
                                         max_len, alpha=0.0)
       # 2 sources of 3 beams at a time: the last batch is ragged.
-      three_beams = evaluation.beam_decode(prepared(6), sources, 2, src_len,
+      three_beams = decoding.beam_decode(prepared(6), sources, 2, src_len,
                                            3, max_len, with_log_probs=True)
       decoded[name] = (greedy, one_beam, three_beams)
-  assert decoded['trax'] == decoded['trax_qkv']
-  greedy, one_beam, three_beams = decoded['trax_qkv']
+  assert decoded['trax'] == decoded['reference']
+  greedy, one_beam, three_beams = decoded['reference']
   assert one_beam == greedy  # one beam ranked by log-probability is greedy
   assert len(three_beams) == 3
   for hypothesis, _ in three_beams:
@@ -197,11 +198,11 @@ def test_predict_model_sizes_decoder_caches_only_in_its_scope():
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, 'model.pkl.gz')
     model.save_to_file(path)
-    short = evaluation.predict_model(model_fn, path, 3, src.shape[1], 8)
+    short = decoding.predict_model(model_fn, path, 3, src.shape[1], 8)
     # Built after `short`, outside the scope: Trax's default size.
-    default = evaluation.predict_model(model_fn, path, 3, src.shape[1])
+    default = decoding.predict_model(model_fn, path, 3, src.shape[1])
     assert (longest_cache(short), longest_cache(default)) == (8, 2048)
-    decoded = [evaluation.greedy_decode(m, sources, 3, src.shape[1], 8)
+    decoded = [decoding.greedy_decode(m, sources, 3, src.shape[1], 8)
                for m in (short, default)]
   assert decoded[0] == decoded[1]
 
@@ -211,7 +212,7 @@ def test_select_beams_moves_eos_to_finished_and_keeps_n_alive():
   candidates = np.log(np.array([0.30, 0.25, 0.05, 0.02,
                                 0.20, 0.10, 0.06, 0.02]))
   finished = []
-  scores, parents, tokens = evaluation._select_beams(  # pylint: disable=protected-access
+  scores, parents, tokens = decoding._select_beams(  # pylint: disable=protected-access
       candidates, 2, vocab, step=0, alpha=0.0, finished=finished)
   assert finished == [(candidates[1], candidates[1], 0)]  # beam 0 + EOS
   assert parents.tolist() == [0, 1] and tokens.tolist() == [0, 0]
@@ -274,11 +275,11 @@ def test_gin_binding_switches_existing_transformer_config():
         Transformer.n_heads = 4
         Transformer.n_encoder_layers = 1
         Transformer.n_decoder_layers = 1
-        trax_qkv.EncoderDecoderAttention.implementation = 'trax_qkv'
+        trax_qkv.EncoderDecoderAttention.implementation = 'reference'
     """)
     model = trax.models.Transformer(mode='eval')
     ours = [type(l).__name__ for l in _walk(model)
-            if type(l).__module__ == 'trax_qkv.layers']
+            if type(l).__module__ == 'trax_qkv.layers.attention']
     assert sorted(ours) == ['CheckedSerial', 'PureAttention']
   finally:
     gin.clear_config()
@@ -295,12 +296,12 @@ def test_registry_accepts_user_layers_and_rejects_unknown_names():
     calls.append(kwargs)
     return tl.AttentionQKV(d_feature, **kwargs)
 
-  assert {'trax', 'trax_qkv', 'trax_qkv_fused', 'trax_qkv_chunked',
-          'trax_qkv_auto'} <= set(trax_qkv.cross_attention_implementations())
+  assert {'trax', 'reference', 'fused', 'chunked', 'cudnn', 'auto'} <= set(
+      trax_qkv.cross_attention_implementations())
   trax_qkv.register_cross_attention('mine', my_attention)
   assert 'mine' in trax_qkv.cross_attention_implementations()
   trax_qkv.CrossAttentionTransformer(VOCAB, cross_attention='mine', **CONFIG)
   assert len(calls) == CONFIG['n_decoder_layers']
   assert calls[0]['cache_KV_in_predict'] is True
-  with pytest.raises(ValueError, match="cross-attention implementation must be one of .*'trax_qkv'.*got 'nope'"):
+  with pytest.raises(ValueError, match="cross-attention implementation must be one of .*'reference'.*got 'nope'"):
     trax_qkv.CrossAttentionTransformer(VOCAB, cross_attention='nope', **CONFIG)

@@ -5,15 +5,17 @@ import json
 
 import pytest
 
-from trax_qkv import evaluation
-from trax_qkv import validation
-from helpers import load_script
+from trax_qkv.supervised import decoding
+from trax_qkv.supervised import scoring
+from trax_qkv.validation import config as config_lib
+from trax_qkv.validation import run as validation
+from helpers import command
 
 
 def test_help_documents_every_flag():
-  parser = load_script('validate').build_parser()
+  parser = command('validate').build_parser()
   help_text = parser.format_help()
-  for field in dataclasses.fields(validation.ValidationConfig):
+  for field in dataclasses.fields(config_lib.ValidationConfig):
     if field.name in ('decode_batch_size', 'heatmap_sentences'):
       continue  # fixed by the report layout, not flags
     assert f'--{field.name}' in help_text, field.name
@@ -22,36 +24,36 @@ def test_help_documents_every_flag():
 
 
 def test_scores_use_sacrebleu():
-  perfect = evaluation.scores(['a small dog runs .'], ['a small dog runs .'])
+  perfect = scoring.scores(['a small dog runs .'], ['a small dog runs .'])
   assert perfect['bleu'] == pytest.approx(100.0)
   assert perfect['exact_match'] == 1.0
-  cased = evaluation.scores(['A small dog runs .'], ['a small dog runs .'])
+  cased = scoring.scores(['A small dog runs .'], ['a small dog runs .'])
   assert cased['bleu'] < 100.0 and cased['bleu_lowercase'] == pytest.approx(
       100.0)
   with pytest.raises(ValueError, match='1 hypotheses for 2 references'):
-    evaluation.scores(['x'], ['x', 'y'])
+    scoring.scores(['x'], ['x', 'y'])
 
 
 def test_bad_config_is_rejected_before_any_work(tmp_path):
-  bad = validation.ValidationConfig(d_model=30, n_heads=4)
+  bad = config_lib.ValidationConfig(d_model=30, n_heads=4)
   with pytest.raises(ValueError, match=r'd_model \(30\) must be divisible'):
     validation.run_validation(bad, str(tmp_path / 'out'))
   with pytest.raises(ValueError, match='implementation must be one of'):
     validation.run_validation(
-        validation.ValidationConfig(implementations=('nope',)),
+        config_lib.ValidationConfig(implementations=('nope',)),
         str(tmp_path / 'out'))
   with pytest.raises(ValueError, match='beam_sentences must be an int >= 0'):
-    validation.run_validation(validation.ValidationConfig(beam_sentences=-1),
+    validation.run_validation(config_lib.ValidationConfig(beam_sentences=-1),
                               str(tmp_path / 'out'))
   with pytest.raises(ValueError, match='n_beams must be a positive int'):
-    validation.run_validation(validation.ValidationConfig(n_beams=0),
+    validation.run_validation(config_lib.ValidationConfig(n_beams=0),
                               str(tmp_path / 'out'))
   assert not (tmp_path / 'out').exists()
 
 
 @pytest.mark.slow
 def test_tiny_side_by_side_run_is_identical(tmp_path):
-  config = validation.ValidationConfig(
+  config = config_lib.ValidationConfig(
       dataset='trax_qkv_numbers/tiny', data_dir=str(tmp_path / 'tfds'),
       vocab_size=200, d_model=32, d_ff=64, n_layers=1, n_heads=4, steps=12,
       eval_every=6, batch_size=16, beam_sentences=2, heatmap_sentences=2)
@@ -59,22 +61,22 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
   summary = validation.run_validation(config, str(out), log=lambda _: None)
   for name in ('report.md', 'summary.json', 'loss_curves.png',
                'cross_attention_0.png', 'cross_attention_1.png',
-               'decodes_builtin.txt', 'decodes_plugin.txt',
-               'decodes_beam_builtin.txt', 'decodes_beam_plugin.txt'):
+               'decodes_trax.txt', 'decodes_reference.txt',
+               'decodes_beam_trax.txt', 'decodes_beam_reference.txt'):
     assert (out / name).stat().st_size > 0, name
-  assert (out / 'decodes_beam_builtin.txt').read_text() == (
-      out / 'decodes_beam_plugin.txt').read_text()
-  assert summary['plugin']['beam_sentences'] == 2
+  assert (out / 'decodes_beam_trax.txt').read_text() == (
+      out / 'decodes_beam_reference.txt').read_text()
+  assert summary['reference']['beam_sentences'] == 2
   assert json.loads((out / 'summary.json').read_text()) == json.loads(
       json.dumps(summary, default=str))
   assert summary['steps'] == 12
   assert summary['max_loss_diff'] == 0.0
   assert summary['identical_decodes'] == 1.0
-  for label in ('builtin', 'plugin'):
+  for label in ('trax', 'reference'):
     for key in ('bleu', 'bleu_lowercase', 'exact_match', 'final_loss',
                 'train_seconds'):
       assert key in summary[label]
-  assert summary['builtin']['final_loss'] == summary['plugin']['final_loss']
+  assert summary['trax']['final_loss'] == summary['reference']['final_loss']
   assert 'Max |difference|' in (out / 'report.md').read_text()
   # The same output_dir with another model size: refused, nothing touched.
   before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}

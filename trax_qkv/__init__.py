@@ -1,23 +1,48 @@
-"""trax_qkv: drop-in AttentionQKV / PureAttention layers for Trax.
+"""trax_qkv: drop-in, gin-configurable attention layers for Trax.
 
     import trax_qkv
     layer = trax_qkv.AttentionQKV(d_feature=256, n_heads=8, mode='train')
 
+Layout: `kernels` (the attention math, pure JAX), `layers` (Trax layers over
+it), `models` (which attention trax.models' Transformers use) and `patches`
+(every change to Trax) are the core; `data`, `supervised` (training with
+exact resume, decoding, scoring) and `validation` are the translation
+pipeline; `benchmarks` times them; `cli` holds the console commands.
+
 Importing the package registers its gin configurables under the module
 `trax_qkv` (e.g. `@trax_qkv.AttentionQKV`) and makes the cross-attention of
-`trax.models.Transformer` selectable (default: Trax's own layer, so no model
-changes until you choose another).
+`trax.models.Transformer` selectable; the default stays Trax's own layer, so
+no model changes until you choose another. Without Trax installed only
+`trax_qkv.kernels` (and `trax_qkv.benchmarks.kernels`) can be used.
 """
 
-from trax_qkv import compat
-from trax_qkv.layers import AttentionQKV
-from trax_qkv.layers import PureAttention
-from trax_qkv.transformer import CrossAttentionTransformer
-from trax_qkv.transformer import EncoderDecoderAttention
-from trax_qkv.transformer import cross_attention_implementations
-from trax_qkv.transformer import register_cross_attention
-from trax_qkv.transformer import use_cross_attention
+__version__ = '0.2.0'
 
-__version__ = '0.1.0'
+_PUBLIC = ('AttentionQKV', 'PureAttention', 'CrossAttentionTransformer',
+           'EncoderDecoderAttention', 'cross_attention_implementations',
+           'register_cross_attention', 'use_cross_attention')
 
-compat.apply()
+try:
+  import trax as _trax  # pylint: disable=unused-import
+except ImportError as _error:  # JAX alone: the kernels still work
+  _TRAX_IMPORT_ERROR = _error
+else:
+  _TRAX_IMPORT_ERROR = None
+  from trax_qkv import patches
+  from trax_qkv.layers import AttentionQKV
+  from trax_qkv.layers import PureAttention
+  from trax_qkv.models.registry import CrossAttentionTransformer
+  from trax_qkv.models.registry import EncoderDecoderAttention
+  from trax_qkv.models.registry import cross_attention_implementations
+  from trax_qkv.models.registry import register_cross_attention
+  from trax_qkv.models.registry import use_cross_attention
+  patches.apply()
+
+
+def __getattr__(name):
+  if name in _PUBLIC and _TRAX_IMPORT_ERROR is not None:
+    raise ImportError(
+        f'trax_qkv.{name} needs Trax, and importing it failed: '
+        f'{_TRAX_IMPORT_ERROR}. Install trax_qkv with its dependencies '
+        "(pip install trax_qkv); without Trax only trax_qkv.kernels works.")
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

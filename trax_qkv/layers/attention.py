@@ -10,8 +10,8 @@ with "twenty" -- instead of all heads matching raw activations to themselves.
 
 Both layers reproduce the built-in's layer tree exactly (sublayer nesting,
 weight and state trees, the rng splits that follow from them), so checkpoints
-and dropout masks carry over bit for bit; `trax_qkv.attention_math` holds the
-math itself.
+and dropout masks carry over bit for bit; `trax_qkv.kernels` holds the math
+itself.
 """
 
 import gin
@@ -23,9 +23,10 @@ from trax.layers import core
 from trax.layers.assert_shape import AssertFunction
 from trax.layers.research import sparsity
 
-from trax_qkv import attention_math
-from trax_qkv import checks
-from trax_qkv import fast_attention
+from trax_qkv import kernels
+from trax_qkv.kernels import chunked
+from trax_qkv.kernels import cudnn
+from trax_qkv.layers import checks
 
 
 @gin.configurable(module='trax_qkv', denylist=['mode'])
@@ -48,14 +49,18 @@ class PureAttention(base.Layer):
       mode: one of 'train', 'eval', 'predict', 'viz'.
       implementation: which formulation of the math to run: 'reference'
           (bit-identical to trax.layers.PureAttention), 'fused', 'chunked',
-          'cudnn' or 'auto'; see trax_qkv.fast_attention. 'viz' mode always
-          runs 'reference', the formulation that materialises the weights.
+          'cudnn' or 'auto'; see trax_qkv.kernels. 'viz' mode always runs
+          'reference', the formulation that materialises the weights.
+          'cudnn' where it cannot run raises ValueError (here, or at
+          `init` for the input dtype); 'auto' falls back instead.
     """
     checks.check_n_heads(n_heads)
     checks.check_dropout(dropout)
     checks.check_mode(mode)
-    checks.check_choice('implementation', implementation,
-                        fast_attention.IMPLEMENTATIONS)
+    kernels.check_implementation(implementation)
+    if implementation == 'cudnn' and mode != 'viz':
+      cudnn.check_supported(
+          dropout_rate=dropout if mode == 'train' else 0.0)
     super().__init__(n_in=4, n_out=2)
     self._n_heads = n_heads
     self._dropout = dropout
@@ -66,6 +71,8 @@ class PureAttention(base.Layer):
     # Checked here because Trax re-raises anything from inside init as a
     # generic LayerError; this way a bad input is a ValueError/TypeError.
     checks.check_qkv_inputs(input_signature, self._n_heads)
+    q, k = input_signature[:2]
+    self.implementation_for(q, k)  # 'cudnn' with a dtype it cannot take
     return super().init(input_signature, rng=rng, use_cache=use_cache)
 
   @property
@@ -82,26 +89,27 @@ class PureAttention(base.Layer):
     return self._dropout if self._mode == 'train' else 0.0
 
   def implementation_for(self, q, k):
-    """What runs for these inputs ('auto' resolved; viz runs 'reference')."""
-    if self._implementation == 'reference' or self._mode == 'viz':
+    """The implementation that runs for inputs shaped like q and k: the
+    one `kernels.resolve` gives, except that 'viz' runs 'reference'."""
+    if self._mode == 'viz':
       return 'reference'
-    return fast_attention.resolve_implementation(
-        self._implementation, q, k, self._n_heads, self.dropout_rate)
+    return kernels.resolve(self._implementation, q, k, self._n_heads,
+                           self.dropout_rate)
 
   def forward(self, inputs):
     checks.check_qkv_inputs(inputs, self._n_heads)
     q, k, v, mask = inputs
-    dropout_rate = self.dropout_rate
-    if self.implementation_for(q, k) == 'reference':
-      activations, weights = attention_math.dot_product_attention(
-          q, k, v, mask, self._n_heads, dropout_rate=dropout_rate,
+    implementation = self.implementation_for(q, k)
+    if implementation == 'reference':
+      activations, weights = kernels.reference.dot_product_attention(
+          q, k, v, mask, self._n_heads, dropout_rate=self.dropout_rate,
           dropout_rng=self.rng)
       if self._mode == 'viz':
         self.state = weights
     else:
-      activations = fast_attention.attend(
-          q, k, v, mask, self._n_heads, dropout_rate=dropout_rate,
-          dropout_rng=self.rng, implementation=self._implementation)
+      activations = kernels.FUNCTIONS[implementation](
+          q, k, v, mask, self._n_heads, dropout_rate=self.dropout_rate,
+          dropout_rng=self.rng)
     return activations, mask
 
 
@@ -183,7 +191,7 @@ class KeyBlockProjectedAttention(cb.Serial):
     # The rng Serial would hand to PureAttention (its second sublayer).
     attention_rng = (None if self.rng is None
                      else fastmath.random.split(self.rng, 3)[1])
-    activations = fast_attention.chunked_attention(
+    activations = chunked.chunked_attention(
         project(dense_q, w_q, s_q)(q_in), k_in, v_in, mask, attention.n_heads,
         dropout_rate=attention.dropout_rate, dropout_rng=attention_rng,
         project_kv=dense_kv_projection, kv_params=(w_k, w_v))

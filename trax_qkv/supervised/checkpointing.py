@@ -24,7 +24,6 @@ import os
 import shutil
 
 import numpy as np
-import trax.data
 from trax import layers as tl
 from trax.supervised import training
 
@@ -60,16 +59,6 @@ def checkpoint_step(output_dir, basename='model'):
   if not os.path.exists(path):
     return 0
   return int(training.unpickle_from_file(path, gzip=True)['step'])
-
-
-def reset_data_counters():
-  """Forgets the data positions of an earlier run in this process.
-
-  Trax keeps `CountAndSkip` counters in one module-level dict; it is replaced
-  by the checkpoint's when a Loop resumes, but a new run in the same process
-  would otherwise skip what an earlier run read.
-  """
-  trax.data.inputs.data_counters = {}
 
 
 class CheckpointMismatchError(ValueError):

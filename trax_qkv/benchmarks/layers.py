@@ -8,7 +8,7 @@ far a ratio moves on a noisy machine. Memory is XLA's own accounting of the
 compiled program's temporary buffers (`memory_analysis()`), which is what
 the O(Lq*Lk) logits occupy.
 The attention math alone, on any JAX device (a GPU's cuDNN path included),
-is measured by `trax_qkv.kernel_bench`.
+is measured by `trax_qkv.benchmarks.kernels`.
 """
 
 import functools
@@ -23,15 +23,17 @@ from trax import shapes
 from trax.supervised import training
 
 import trax_qkv
-from trax_qkv import kernel_bench
+from trax_qkv.benchmarks import kernels as kernel_bench
+from trax_qkv.benchmarks import timing
 
 LAYER_SHAPES = ((32, 64, 64, 256, 8), (8, 256, 256, 256, 8),
                 (4, 1024, 1024, 256, 8), (1, 4096, 4096, 256, 8))
 CROSS_SHAPE = (4, 64, 8192, 256, 8)  # (batch, Lq, Lk, d_model, heads)
-BUILTIN = 'builtin'
+BUILTIN = 'trax'  # the built-in layer, as the registry names it
 # Each contender's turn in a round times back-to-back calls for at least
 # this long (one call at length >= 1024; several at the small shapes).
 MIN_TURN_SECONDS = 0.1
+DEFAULT_ROUNDS = 15
 
 
 def contenders():
@@ -71,7 +73,7 @@ def _compiled(layer, x, backward):
     loss = lambda w, q, k, v: jnp.sum(forward(w, (q, k, v, x[3])))
     return jax.grad(loss, argnums=(0, 1, 2, 3))(weights, *x[:3])
 
-  return kernel_bench.compile_with_temp_bytes(
+  return timing.compile_with_temp_bytes(
       forward_backward if backward else forward, weights, x)
 
 
@@ -85,8 +87,8 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
     for name, factory in contenders().items():
       fns[name], memory[name] = _compiled(factory(d, heads, 'eval'), x,
                                           backward)
-    times = kernel_bench.interleaved_times(
-        fns, rounds, settle=kernel_bench.settle_seconds(), untimed=1,
+    times = timing.interleaved_times(
+        fns, rounds, settle=timing.settle_seconds(), untimed=1,
         min_turn_seconds=MIN_TURN_SECONDS)
     for name in fns:
       result.setdefault(name, {})[f'{key}_ms'] = float(
@@ -96,7 +98,7 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
                                         if memory[name] is not None else None)
     if backward:
       for name, fn in fns.items():
-        faults, kernel_seconds = kernel_bench.page_faults_per_call(fn)
+        faults, kernel_seconds = timing.page_faults_per_call(fn)
         result[name]['fwd_bwd_page_faults'] = faults
         result[name]['fwd_bwd_kernel_ms'] = kernel_seconds * 1e3
   flops = attention_flops(batch, lq, lk, d)
@@ -112,14 +114,6 @@ def _small_transformer(cross_attention, mode, vocab=512):
       cross_attention=cross_attention)
 
 
-def _cross_attention_name(implementation):
-  """Registry name of the Transformer cross-attention for a contender."""
-  if implementation == BUILTIN:
-    return 'trax'
-  return 'trax_qkv' if implementation == 'reference' else (
-      f'trax_qkv_{implementation}')
-
-
 def decoding_tokens_per_second(implementations, batch=32, src_len=32,
                                steps=32, rounds=3):
   """Greedy predict-mode decoding of a small Transformer, tokens/s."""
@@ -127,7 +121,7 @@ def decoding_tokens_per_second(implementations, batch=32, src_len=32,
       np.int32)
   fns = {}
   for impl in implementations:
-    model = _small_transformer(_cross_attention_name(impl), 'predict')
+    model = _small_transformer(impl, 'predict')
     model.init(shapes.signature((src, src[:, :1])),
                rng=jax.random.PRNGKey(0))
     step = jax.jit(model.pure_fn)
@@ -142,7 +136,7 @@ def decoding_tokens_per_second(implementations, batch=32, src_len=32,
         out.append(token)
       return jnp.concatenate(out, axis=1)
     fns[impl] = decode
-  seconds = kernel_bench.interleaved_medians(fns, rounds)
+  seconds = timing.interleaved_medians(fns, rounds)
   return {impl: batch * steps / s for impl, s in seconds.items()}
 
 
@@ -157,23 +151,23 @@ def training_steps_per_second(implementations, steps=20, rounds=3,
   for impl in implementations:
     task = training.TrainTask(batches, tl.WeightedCategoryCrossEntropy(),
                               trax.optimizers.Adam(1e-3))
-    loop = training.Loop(_small_transformer(_cross_attention_name(impl),
+    loop = training.Loop(_small_transformer(impl,
                                             'train'), task,
                          eval_at=lambda _: False,
                          checkpoint_at=lambda _: False)
     fns[impl] = functools.partial(
         lambda loop: (loop.run(steps), loop.model.weights)[1], loop)
-  seconds = kernel_bench.interleaved_medians(fns, rounds)
+  seconds = timing.interleaved_medians(fns, rounds)
   return {impl: steps / s for impl, s in seconds.items()}
 
 
-def run(rounds=15, quick=False, log=print):
+def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
   """All benchmarks; returns the results dict."""
   layer_shapes = LAYER_SHAPES[:2] if quick else LAYER_SHAPES
   cross = (1, 64, 1024, 256, 8) if quick else CROSS_SHAPE
   results = {'device': jax.devices()[0].device_kind,
              'backend': jax.default_backend(), 'rounds': rounds,
-             'matmul_gflops': kernel_bench.matmul_flops_per_second(
+             'matmul_gflops': timing.matmul_flops_per_second(
                  1024 if quick else 2048, rounds) / 1e9}
   log(f"matmul: {results['matmul_gflops']:.1f} GFLOP/s")
   results['layers'] = []
@@ -272,4 +266,4 @@ def markdown(results):
 
 
 def write(results, output_dir):
-  kernel_bench.write_results(results, output_dir, 'bench', markdown(results))
+  timing.write_results(results, output_dir, 'bench', markdown(results))

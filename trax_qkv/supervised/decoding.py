@@ -1,4 +1,4 @@
-"""Decoding a trained translation Transformer and scoring it (sacreBLEU).
+"""Decoding a trained translation Transformer: greedy and beam search.
 
 Decoding runs the model in 'predict' mode, in batches of equal shape: every
 batch is padded to the same size and source length, so the jitted model
@@ -11,7 +11,6 @@ reuse the first call's encoder output.
 import gin
 import jax
 import numpy as np
-import sacrebleu
 from trax import layers as tl
 from trax import shapes
 from trax.supervised import decoding
@@ -69,10 +68,12 @@ def predict_model(model_fn, weights_file, batch_size, source_length,
   return model
 
 
-def greedy_decode(model, source_ids, batch_size, source_length, max_length):
+def greedy_decode(model, source_ids, batch_size, source_length, max_length,
+                  progress=None):
   """Greedy decoding of `source_ids` (lists of ids) -> lists of ids, no EOS.
 
-  `model` comes from `predict_model(..., batch_size, source_length)`.
+  `model` comes from `predict_model(..., batch_size, source_length)`;
+  `progress`, if given, is a `Progress` told of every batch.
   """
   too_long = [i for i, s in enumerate(source_ids) if len(s) > source_length]
   if too_long:
@@ -89,6 +90,8 @@ def greedy_decode(model, source_ids, batch_size, source_length, max_length):
         fast, batch, batch_size=batch_size, temperature=0.0,
         max_length=max_length, eos_id=EOS_ID, accelerate=False)
     outputs.extend(cut_at_eos(row) for row in np.asarray(tokens)[:len(rows)])
+    if progress is not None:
+      progress.update()
   return outputs
 
 
@@ -142,7 +145,7 @@ def _gather_beams(state, order, rows):
 
 
 def beam_decode(model, source_ids, batch_size, source_length, n_beams,
-                max_length, alpha=0.6, with_log_probs=False):
+                max_length, alpha=0.6, with_log_probs=False, progress=None):
   """Beam search -> lists of ids (best hypothesis per source, no EOS).
 
   `model` comes from `predict_model(..., batch_size * n_beams,
@@ -153,6 +156,7 @@ def beam_decode(model, source_ids, batch_size, source_length, n_beams,
   still beat its best finished one. (trax's own `beam_search` takes one
   source at a time and ignores EOS.) With `with_log_probs`, each result is
   (ids, the model's log-probability of ids + EOS as the search summed it).
+  `progress`, if given, is a `Progress` told of every batch.
   """
   rows = batch_size * n_beams
   fast = tl.Accelerate(model)
@@ -204,21 +208,6 @@ def beam_decode(model, source_ids, batch_size, source_length, n_beams,
         best = int(np.argmax(scores[b]))
         log_prob, ids = scores[b, best], prefixes[b, best].tolist()
       outputs.append((ids, float(log_prob)) if with_log_probs else ids)
+    if progress is not None:
+      progress.update()
   return outputs
-
-
-def scores(hypotheses, references):
-  """sacreBLEU BLEU (cased, lowercased) and chrF, and exact match."""
-  if len(hypotheses) != len(references):
-    raise ValueError(f'{len(hypotheses)} hypotheses for '
-                     f'{len(references)} references.')
-  exact = np.mean([h == r for h, r in zip(hypotheses, references)])
-  return {
-      'bleu': sacrebleu.corpus_bleu(hypotheses, [references]).score,
-      'bleu_lowercase': sacrebleu.corpus_bleu(hypotheses, [references],
-                                              lowercase=True).score,
-      # chrF: on single-word targets (German number words) BLEU has no
-      # 2- to 4-grams to match and is 0 even for perfect output.
-      'chrf': sacrebleu.corpus_chrf(hypotheses, [references]).score,
-      'exact_match': float(exact),
-  }

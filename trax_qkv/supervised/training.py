@@ -9,15 +9,15 @@ Everything that can be wrong with the command line is checked before any
 training or writing.
 """
 
-import contextlib
 import os
 
 import gin
 from trax.supervised import trainer_lib
 
 import trax_qkv  # pylint: disable=unused-import  (configurables for configs)
-from trax_qkv import checkpointing
 import trax_qkv.data  # pylint: disable=unused-import
+from trax_qkv import patches
+from trax_qkv.supervised import checkpointing
 
 
 class ConfigError(ValueError):
@@ -62,18 +62,6 @@ def train_from_configs(config_files, bindings, output_dir):
   output_dir = check_output_dir(output_dir)
   gin.clear_config()
   parse_configs(config_files, bindings)
-  checkpointing.reset_data_counters()
-  with _resumable_loop():
+  patches.reset_data_counters()
+  with patches.trainer_loop_class(checkpointing.ResumableLoop):
     return trainer_lib.train(output_dir=output_dir)
-
-
-@contextlib.contextmanager
-def _resumable_loop():
-  """Makes `trainer_lib.train`, which calls `training.Loop(...)`, build a
-  `ResumableLoop` (for the duration of the call only)."""
-  loop_class = trainer_lib.training.Loop
-  trainer_lib.training.Loop = checkpointing.ResumableLoop
-  try:
-    yield
-  finally:
-    trainer_lib.training.Loop = loop_class

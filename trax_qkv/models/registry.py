@@ -1,36 +1,41 @@
-"""Choosing the encoder-decoder (cross) attention of trax.models.Transformer.
+"""Which attention the layers of trax.models' Transformer family use.
 
 Trax builds cross-attention in `trax.models.transformer._EncoderDecoderBlock`
 by calling `tl.AttentionQKV(d_model, n_heads=..., dropout=..., mode=...,
-cache_KV_in_predict=True)`, looked up when the model is built. On import we
-give that module (and only it) a view of `trax.layers` in which the name
-`AttentionQKV` is `EncoderDecoderAttention` below: a gin-configurable
-dispatcher whose default, 'trax', returns the built-in layer unchanged. So
-importing trax_qkv changes no model; encoder self-attention and decoder causal
-attention are never touched.
+cache_KV_in_predict=True)`, looked up when the model is built.
+`trax_qkv.patches` makes that name `EncoderDecoderAttention` below: a
+gin-configurable dispatcher whose default, 'trax', returns the built-in layer
+unchanged. So importing trax_qkv changes no model.
 
-Registered: 'trax' (built-in), 'trax_qkv' (bit-identical reference) and
-'trax_qkv_fused', 'trax_qkv_chunked', 'trax_qkv_cudnn', 'trax_qkv_auto' (the
-fast paths of trax_qkv.fast_attention); `register_cross_attention` adds more.
+Registered names are the implementation names of `trax_qkv.AttentionQKV`
+-- 'reference' (bit-identical), 'fused', 'chunked', 'cudnn', 'auto' -- and
+'trax' for the built-in; `register_cross_attention` adds more. The names of
+the first release ('trax_qkv', 'trax_qkv_fused', ...) still work, with a
+DeprecationWarning.
 
 Select the plugin
-  from gin:     trax_qkv.EncoderDecoderAttention.implementation = 'trax_qkv'
-  from Python:  trax_qkv.CrossAttentionTransformer(vocab, ..., cross_attention='trax_qkv')
+  from gin:     trax_qkv.EncoderDecoderAttention.implementation = 'reference'
+  from Python:  trax_qkv.CrossAttentionTransformer(vocab, ..., cross_attention='reference')
 """
 
 import contextlib
 import contextvars
 import functools
-import types
+import warnings
 
 import gin
 from trax import layers as tl
 from trax.models import transformer as trax_transformer
 
-from trax_qkv import fast_attention
+from trax_qkv import kernels
 from trax_qkv import layers
 
+BUILTIN = 'trax'  # the name of Trax's own layer, in every site
 _REGISTRY = {}
+# Names of the first release -> today's.
+DEPRECATED_NAMES = {'trax_qkv': 'reference', **{
+    f'trax_qkv_{name}': name for name in kernels.IMPLEMENTATIONS
+    if name != 'reference'}}
 _override = contextvars.ContextVar('trax_qkv_cross_attention', default=None)
 
 
@@ -56,10 +61,24 @@ def cross_attention_implementations():
   return tuple(sorted(_REGISTRY))
 
 
+def canonical_name(implementation):
+  """Today's name for `implementation` (a DeprecationWarning for an old one);
+  factories and unknown names are returned as they are."""
+  if isinstance(implementation, str) and implementation in DEPRECATED_NAMES:
+    new = DEPRECATED_NAMES[implementation]
+    warnings.warn(
+        f'the attention name {implementation!r} is deprecated and will be '
+        f'removed in the next release; use {new!r}.', DeprecationWarning,
+        stacklevel=3)
+    return new
+  return implementation
+
+
 def resolve_cross_attention(implementation):
   """A registered name or a layer factory -> the layer factory."""
   if callable(implementation):
     return implementation
+  implementation = canonical_name(implementation)
   if implementation not in _REGISTRY:
     raise ValueError(
         f'cross-attention implementation must be one of '
@@ -71,6 +90,7 @@ def resolve_cross_attention(implementation):
 @contextlib.contextmanager
 def use_cross_attention(implementation):
   """Within the block, Transformers are built with this cross-attention."""
+  implementation = canonical_name(implementation)
   resolve_cross_attention(implementation)  # fail before building anything
   token = _override.set(implementation)
   try:
@@ -109,13 +129,13 @@ def CrossAttentionTransformer(input_vocab_size,  # pylint: disable=invalid-name
                               dropout_shared_axes=None,
                               mode='train',
                               ff_activation=tl.Relu,
-                              cross_attention='trax_qkv'):
+                              cross_attention='reference'):
   """`trax.models.Transformer` with the chosen cross-attention.
 
   Same arguments, defaults and modes as trax.models.Transformer, plus
-  `cross_attention`: a registered name ('trax', 'trax_qkv', ...) or a layer
-  factory. Registered in gin under its own name, so `Transformer.*` bindings
-  keep meaning trax.models.Transformer.
+  `cross_attention`: a registered name ('trax', 'reference', 'auto', ...)
+  or a layer factory. Registered in gin under its own name, so
+  `Transformer.*` bindings keep meaning trax.models.Transformer.
   """
   with use_cross_attention(cross_attention):
     return trax_transformer.Transformer(
@@ -126,22 +146,7 @@ def CrossAttentionTransformer(input_vocab_size,  # pylint: disable=invalid-name
         ff_activation=ff_activation)
 
 
-class _LayersWithPluggableCrossAttention(types.ModuleType):
-  """`trax.layers`, except that `AttentionQKV` dispatches through the registry."""
-
-  AttentionQKV = staticmethod(EncoderDecoderAttention)
-
-  def __getattr__(self, name):
-    return getattr(tl, name)
-
-
-register_cross_attention('trax', tl.AttentionQKV)
-register_cross_attention('trax_qkv', layers.AttentionQKV)
-for _name in fast_attention.IMPLEMENTATIONS:
-  if _name != 'reference':  # 'trax_qkv' is the reference implementation
-    register_cross_attention(f'trax_qkv_{_name}', functools.partial(
-        layers.AttentionQKV, implementation=_name))
-
-# trax.models.transformer uses tl.AttentionQKV only for cross-attention.
-if not isinstance(trax_transformer.tl, _LayersWithPluggableCrossAttention):
-  trax_transformer.tl = _LayersWithPluggableCrossAttention('trax.layers')
+register_cross_attention(BUILTIN, tl.AttentionQKV)
+for _name in kernels.IMPLEMENTATIONS:
+  register_cross_attention(_name, functools.partial(layers.AttentionQKV,
+                                                    implementation=_name))

@@ -1,0 +1,41 @@
+"""trax-qkv-train: train a Trax model from gin configs, resuming exactly.
+
+  trax-qkv-train --config_file configs/plugin.gin --output_dir runs/plugin
+  trax-qkv-train --config_file configs/builtin.gin \\
+      --config 'train.steps = 200' --output_dir runs/builtin
+
+`python -m trax.trainer` no longer imports on current JAX; this does its
+job. Running the same command again resumes from the checkpoint in
+--output_dir.
+"""
+
+import argparse
+
+from trax_qkv.cli import add_verbose_flag
+
+
+def build_parser():
+  parser = argparse.ArgumentParser(
+      prog='trax-qkv-train', description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--config_file', action='append', default=[],
+                      help='gin config file (repeatable, parsed in order)')
+  parser.add_argument('--config', action='append', default=[],
+                      help="gin binding, e.g. 'train.steps = 100' "
+                      '(repeatable)')
+  parser.add_argument('--output_dir', required=True,
+                      help='checkpoints and logs; an earlier run here resumes')
+  add_verbose_flag(parser)
+  return parser
+
+
+def main(argv=None):
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  from trax_qkv.supervised import training  # pylint: disable=g-import-not-at-top
+  try:
+    training.train_from_configs(args.config_file, args.config,
+                                args.output_dir)
+  except (training.ConfigError, ValueError, PermissionError) as e:
+    parser.exit(2, f'error: {e}\n')
+  return 0

@@ -1,0 +1,186 @@
+"""'chunked': keys in blocks with an online softmax, and its own backward.
+
+Memory O(Lq * block) instead of O(Lq * Lk), forward and backward: no
+(Lq, Lk)-sized array is ever stored. With a K/V projection function the
+projected K and V are computed block by block too (see
+`trax_qkv.layers.attention.KeyBlockProjectedAttention`). Dropout masks are
+drawn per block (same rate, other bits).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from trax_qkv.kernels import common
+from trax_qkv.kernels import reference
+from trax_qkv.kernels.reference import MASK_FILL
+
+DEFAULT_BLOCK_SIZE = 512
+# Logit for key positions added to fill the last block: far below MASK_FILL,
+# so they get zero weight even in a fully masked row.
+_BLOCK_PAD_FILL = -1e30
+
+
+def _unprojected(k_block, v_block, params):
+  del params
+  return k_block, v_block
+
+
+def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
+                      dropout_rng=None, block_size=None, project_kv=None,
+                      kv_params=()):
+  """Attention over key blocks with an online softmax; O(Lq*block) memory.
+
+  A loop slices one block of keys and values out of K and V per step (no
+  stacked copies; one padded copy only when Lk is not a multiple of the
+  block), and a hand-written backward pass recomputes each block's weights
+  from the saved logsumexp, so no (Lq, Lk)-sized array is ever stored.
+
+  With `project_kv` -- a function (k_block, v_block, kv_params) -> (K_block,
+  V_block) -- `k` and `v` are the unprojected inputs and are projected block
+  by block, in the backward pass too, so the projected (batch, Lk, d) K and
+  V and their gradients never exist whole either (see
+  `trax_qkv.layers.attention.KeyBlockProjectedAttention`). Gradients reach
+  `kv_params` through `jax.vjp` of `project_kv` per block.
+  """
+  project_kv = project_kv or _unprojected
+  lk = k.shape[1]
+  block = min(block_size or DEFAULT_BLOCK_SIZE, lk)
+  n_blocks = -(-lk // block)
+  pad = n_blocks * block - lk
+  sources = (k, v)
+  qh = reference.split_heads(q, n_heads)
+  qh = qh * jnp.asarray(1.0 / jnp.sqrt(qh.shape[-1]), qh.dtype)
+  if mask is None:
+    mask = jnp.ones((1, 1, 1, lk), bool)
+  mask = jnp.broadcast_to(mask.astype(bool),
+                          mask.shape[:2] + (mask.shape[2], lk))
+  if pad:  # the last block runs past Lk: pad, and mark the padding invalid
+    sources = tuple(jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in sources)
+    mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad)))
+  if dropout_rng is None:
+    dropout_rng = jax.random.PRNGKey(0)  # unused when dropout_rate == 0
+  config = _ChunkConfig(project_kv, n_heads, block, lk, float(dropout_rate))
+  out = _chunked_core(config, qh, sources, kv_params, mask, dropout_rng)
+  return reference.merge_heads(out).astype(jnp.float32)
+
+
+class _ChunkConfig:
+  """The static part of a 'chunked' call, and what every step computes."""
+
+  def __init__(self, project_kv, n_heads, block, lk, rate):
+    self.project_kv = project_kv
+    self.n_heads = n_heads
+    self.block = block
+    self.lk = lk  # keys before padding
+    self.rate = rate
+
+  def source_blocks(self, sources, index):
+    """Block `index` of the K and V sources (the inputs of `project_kv`)."""
+    return tuple(
+        jax.lax.dynamic_slice_in_dim(x, index * self.block, self.block, 1)
+        for x in sources)
+
+  def logits(self, qh, k_block, mask, index):
+    """(batch, heads, Lq, block) logits, masked, padding far below that."""
+    start = index * self.block
+    logits = jnp.einsum('bhqd,bkhd->bhqk', qh, common.heads(k_block, self.n_heads))
+    logits = logits.astype(jnp.promote_types(qh.dtype, jnp.float32))
+    logits = jnp.where(
+        jax.lax.dynamic_slice_in_dim(mask, start, self.block, 3), logits,
+        MASK_FILL)
+    valid = start + jnp.arange(self.block) < self.lk
+    return jnp.where(valid, logits, _BLOCK_PAD_FILL)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _chunked_core(config, qh, sources, kv_params, mask, rng):
+  return _chunked_forward(config, qh, sources, kv_params, mask, rng)[0]
+
+
+def _chunked_forward(config, qh, sources, kv_params, mask, rng):
+  """(batch, heads, Lq, d_head) output of scaled `qh` over the key blocks of
+  `sources`, and the residuals of the backward pass."""
+  acc_dtype = jnp.promote_types(qh.dtype, jnp.float32)
+  n_blocks = sources[0].shape[1] // config.block
+
+  def one_block(index, carry):
+    running_max, denominator, numerator = carry
+    k_block, v_block = config.project_kv(
+        *config.source_blocks(sources, index), kv_params)
+    logits = config.logits(qh, k_block, mask, index)
+    new_max = jnp.maximum(running_max, logits.max(axis=-1))
+    correction = jnp.exp(running_max - new_max)
+    p = jnp.exp(logits - new_max[..., None])
+    denominator = denominator * correction + p.sum(axis=-1)
+    if config.rate > 0.0:
+      p = common.dropped(p, common.keep_mask(rng, index, config.rate, p.shape),
+                   config.rate)
+    numerator = numerator * correction[..., None] + jnp.einsum(
+        'bhqk,bkhd->bhqd', p.astype(v_block.dtype),
+        common.heads(v_block, config.n_heads)).astype(acc_dtype)
+    return new_max, denominator, numerator
+
+  stats_shape = qh.shape[:3]
+  d_head_v = jax.eval_shape(
+      config.project_kv, *config.source_blocks(sources, 0),
+      kv_params)[1].shape[-1] // config.n_heads
+  init = (jnp.full(stats_shape, _BLOCK_PAD_FILL, acc_dtype),
+          jnp.zeros(stats_shape, acc_dtype),
+          jnp.zeros(stats_shape + (d_head_v,), acc_dtype))
+  row_max, denominator, numerator = jax.lax.fori_loop(
+      0, n_blocks, one_block, init)
+  lse = row_max + jnp.log(denominator)
+  # Normalise as exp(max - logsumexp), rounded as the reference rounds it: in
+  # a fully masked row logsumexp = -1e9 + log(Lk) rounds to -1e9, so the
+  # reference weighs every key by 1 (a sum, not a mean); so do we.
+  out = numerator * jnp.exp(row_max - lse)[..., None]
+  return out, (qh, sources, kv_params, mask, rng, out, lse[..., None])
+
+
+def _chunked_backward(config, residuals, d_out):
+  """Per key block: K and V projected again, the weights recomputed from the
+  logsumexp (as in 'fused'), and the block's dK and dV pulled back through
+  the projection into the gradients of its inputs and of `kv_params`."""
+  qh, sources, kv_params, mask, rng, out, lse = residuals
+  n_blocks = sources[0].shape[1] // config.block
+  row_sums = jnp.sum(d_out * out, axis=-1, keepdims=True)
+  d_out = d_out.astype(out.dtype)
+
+  def one_block(index, carry):
+    d_q, d_sources, d_params = carry
+    # Only the block is pulled back through the projection, not the whole
+    # sources: differentiating the slice would add Lk-sized zeros each step.
+    (k_block, v_block), pull_back = jax.vjp(
+        lambda blocks, params: config.project_kv(*blocks, params),
+        config.source_blocks(sources, index), kv_params)
+    kh = common.heads(k_block, config.n_heads)
+    weights = jnp.exp(config.logits(qh, k_block, mask, index) - lse)
+    d_weights = jnp.einsum('bhqd,bkhd->bhqk', d_out,
+                           common.heads(v_block, config.n_heads))
+    keep = (common.keep_mask(rng, index, config.rate, weights.shape)
+            if config.rate > 0.0 else None)
+    kept, d_logits = common.softmax_backward(weights, d_weights, row_sums, lse,
+                                       config.rate, keep)
+    d_q = d_q + jnp.einsum('bhqk,bkhd->bhqd', d_logits, kh)
+    d_k = jnp.einsum('bhqk,bhqd->bkhd', d_logits, qh.astype(out.dtype))
+    d_v = jnp.einsum('bhqk,bhqd->bkhd', kept, d_out)
+    d_blocks, d_params_block = pull_back(
+        (d_k.reshape(k_block.shape).astype(k_block.dtype),
+         d_v.reshape(v_block.shape).astype(v_block.dtype)))
+    d_sources = tuple(
+        jax.lax.dynamic_update_slice_in_dim(
+            d, d_block.astype(d.dtype), index * config.block, 1)
+        for d, d_block in zip(d_sources, d_blocks))
+    d_params = jax.tree_util.tree_map(jnp.add, d_params, d_params_block)
+    return d_q, d_sources, d_params
+
+  zeros = lambda tree: jax.tree_util.tree_map(jnp.zeros_like, tree)
+  d_q, d_sources, d_params = jax.lax.fori_loop(
+      0, n_blocks, one_block,
+      (jnp.zeros(qh.shape, out.dtype), zeros(sources), zeros(kv_params)))
+  return d_q.astype(qh.dtype), d_sources, d_params, None, None
+
+
+_chunked_core.defvjp(_chunked_forward, _chunked_backward)

@@ -1,0 +1,1 @@
+"""Which attention the layers of trax.models' Transformers use."""

@@ -1,0 +1,161 @@
+"""Every change trax_qkv makes to Trax's behaviour, in one place.
+
+`apply()` runs once, when `trax_qkv` is imported (calling it again does
+nothing). None of these changes numerics or a model: the first three fix
+crashes of trax 1.4.1 on current JAX, the fourth makes cross-attention
+selectable with the built-in as default. They were written for the
+versions in TESTED_VERSIONS; elsewhere `apply()` warns.
+
+1. `trax.fastmath.numpy.tree_unflatten`: resuming `training.Loop` from a
+   checkpoint crashed: it tests `tree in copy_from_tree` (markers such as
+   `None` and `()`), which compares each array leaf with `()`, and current
+   JAX refuses `array == tuple`. Array leaves are never markers, so the test
+   is skipped for them.
+2. `trax.layers.acceleration.for_n_devices`: data parallelism
+   (`Loop(..., n_devices>1)`) called `jax.device_put_replicated`, which JAX
+   removed. The same copies are put on the devices with `jax.device_put` and
+   a sharding over the leading axis, which is what `pmap` reads.
+3. `trax.layers.acceleration.on_cpu`: Trax moves optimizer slots `on_cpu`,
+   which now collapses such a sharded array onto CPU device 0 and `pmap`
+   rejects it; an array already in CPU memory is left where it is.
+4. `trax.models.transformer.tl`: that module (and only it) sees a view of
+   `trax.layers` whose `AttentionQKV` is
+   `trax_qkv.models.registry.EncoderDecoderAttention`, a dispatcher whose
+   default is the built-in layer. trax.models.transformer calls
+   `tl.AttentionQKV` for cross-attention only.
+
+Two more are scoped to a call, not applied at import:
+`trainer_loop_class` (trainer_lib builds the given Loop class, for our
+exact resume) and `reset_data_counters` (Trax keeps the data positions of
+every stream in one module-level dict).
+"""
+
+import contextlib
+import importlib
+import importlib.metadata
+import types
+import warnings
+
+import jax
+import numpy as np
+import trax.data
+import trax.layers
+from trax import fastmath
+from trax.layers import acceleration
+from trax.models import transformer as trax_transformer
+from trax.supervised import trainer_lib
+
+# Package -> the version prefixes the patches were written and tested for.
+TESTED_VERSIONS = {'trax': ('1.4.1',), 'jax': ('0.10.',)}
+
+# The module itself: `trax.fastmath.numpy` as an attribute is the backend's
+# numpy (jax.numpy), not this file.
+fastmath_numpy = importlib.import_module('trax.fastmath.numpy')
+_original_tree_unflatten = fastmath_numpy.tree_unflatten
+_original_on_cpu = acceleration.on_cpu
+_applied = False
+
+
+class UntestedVersionWarning(UserWarning):
+  """trax_qkv patches a Trax or JAX version it was not written for."""
+
+
+def untested_versions():
+  """'package version' for each installed package outside TESTED_VERSIONS."""
+  found = []
+  for package, prefixes in TESTED_VERSIONS.items():
+    version = importlib.metadata.version(package)
+    if not any(version == p or (p.endswith('.') and version.startswith(p))
+               for p in prefixes):
+      found.append(f'{package} {version}')
+  return found
+
+
+def _tree_unflatten(flat, tree, copy_from_tree=None):
+  if copy_from_tree is not None and isinstance(tree, (jax.Array, np.ndarray)):
+    copy_from_tree = None  # an array is never one of the markers
+  return _original_tree_unflatten(flat, tree, copy_from_tree=copy_from_tree)
+
+
+def _for_n_devices(x, n_devices):
+  """Replicates/broadcasts `x` for `n_devices` (trax's, without the removed API)."""
+  if n_devices <= 1:
+    return x
+  devices = jax.local_devices()[:n_devices]
+  mesh = jax.sharding.Mesh(np.array(devices), ('devices',))
+  sharding = jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec('devices'))
+
+  def replicate(leaf):
+    leaf = np.asarray(leaf)
+    return jax.device_put(np.broadcast_to(leaf, (n_devices,) + leaf.shape),
+                          sharding)
+  return fastmath.nested_map(replicate, x)
+
+
+def _on_cpu(x):
+  """Puts `x` in CPU memory; arrays already there keep their sharding."""
+  def move(leaf):
+    if isinstance(leaf, jax.Array) and all(
+        d.platform == 'cpu' for d in leaf.devices()):
+      return leaf
+    return _original_on_cpu(leaf)
+  return fastmath.nested_map(move, x)
+
+
+class _LayersWithPluggableCrossAttention(types.ModuleType):
+  """`trax.layers`, except that `AttentionQKV` dispatches through the registry."""
+
+  @property
+  def AttentionQKV(self):  # pylint: disable=invalid-name
+    from trax_qkv.models import registry  # pylint: disable=g-import-not-at-top
+    return registry.EncoderDecoderAttention
+
+  def __getattr__(self, name):
+    return getattr(trax.layers, name)
+
+
+def apply():
+  """Applies patches 1-4 (see the module doc); idempotent."""
+  global _applied
+  if _applied:
+    return
+  untested = untested_versions()
+  if untested:
+    warnings.warn(
+        f'trax_qkv was written for trax 1.4.1 and jax 0.10.x; found '
+        f'{", ".join(untested)}. Its fixes to Trax (trax_qkv.patches) may '
+        'not fit this version: run the test suite before trusting results.',
+        UntestedVersionWarning, stacklevel=2)
+  # Recursive calls inside trax look the function up in its module.
+  fastmath_numpy.tree_unflatten = _tree_unflatten
+  fastmath.tree_unflatten = _tree_unflatten
+  # `trax.layers` re-exports these; modules call them by either name.
+  acceleration.for_n_devices = _for_n_devices
+  trax.layers.for_n_devices = _for_n_devices
+  acceleration.on_cpu = _on_cpu
+  trax.layers.on_cpu = _on_cpu
+  trax_transformer.tl = _LayersWithPluggableCrossAttention('trax.layers')
+  _applied = True
+
+
+@contextlib.contextmanager
+def trainer_loop_class(loop_class):
+  """Within the block, `trainer_lib.train` builds `loop_class` instead of
+  `training.Loop` (same constructor)."""
+  original = trainer_lib.training.Loop
+  trainer_lib.training.Loop = loop_class
+  try:
+    yield
+  finally:
+    trainer_lib.training.Loop = original
+
+
+def reset_data_counters():
+  """Forgets the data positions of an earlier run in this process.
+
+  Trax keeps `CountAndSkip` counters in one module-level dict; it is replaced
+  by the checkpoint's when a Loop resumes, but a new run in the same process
+  would otherwise skip what an earlier run read.
+  """
+  trax.data.inputs.data_counters = {}

@@ -1,0 +1,1 @@
+"""Training with exact resume, decoding and scoring of translation models."""

@@ -1,0 +1,159 @@
+"""What the main job trains and how: every setting, its default and its help
+written once; the command line (`trax-qkv-validate`) is made from it.
+
+The defaults are the embedded numbers run.
+"""
+
+import dataclasses
+import json
+import os
+
+from trax_qkv.models import registry
+
+RUN_CONFIG = 'validation_config.json'  # the settings of the run in output_dir
+# Settings a rerun on the same output_dir may change: the run is the same.
+MAY_CHANGE_ON_RESUME = ('steps', 'implementations', 'data_dir',
+                        'max_test_sentences', 'decode_batch_size',
+                        'beam_sentences', 'n_beams', 'heatmap_sentences')
+
+
+def _field(default, help, **flag):  # pylint: disable=redefined-builtin
+  """A setting: `help` and argparse options (`type`, `nargs`, `metavar`)."""
+  return dataclasses.field(default=default,
+                           metadata=dict(help=help, flag=flag))
+
+
+@dataclasses.dataclass
+class ValidationConfig:
+  """What to train and how; the defaults are the embedded numbers run."""
+  dataset: str = _field(
+      'trax_qkv_numbers',
+      "TFDS data set name (default: the embedded 'trax_qkv_numbers'; "
+      "'trax_qkv_numbers/tiny' is a 200-number version)")
+  source_dir: str = _field(
+      None, 'directory of {split}.{lang} parallel text; overrides --dataset',
+      type=str)
+  keys: tuple = _field(('en', 'de'),
+                       'source and target language / feature names',
+                       nargs=2, metavar=('SRC', 'TGT'))
+  data_dir: str = _field(
+      None, 'TFDS data and vocabulary cache (default ~/tensorflow_datasets)',
+      type=str)
+  vocab_size: int = _field(512, 'subword vocabulary size (target)')
+  d_model: int = _field(128, 'model width')
+  d_ff: int = _field(256, 'feed-forward width')
+  n_layers: int = _field(2, 'encoder layers and decoder layers (each)')
+  n_heads: int = _field(4, 'attention heads')
+  dropout: float = _field(0.1, 'dropout rate')
+  max_length: int = _field(
+      32, 'longest source/target kept for training, in subwords')
+  batch_size: int = _field(64, 'training batch size')
+  steps: int = _field(1500, 'training steps')
+  learning_rate: float = _field(0.002, 'peak Adam learning rate')
+  warmup_steps: int = _field(100, 'linear warm-up steps')
+  lr_factors: str = _field(
+      'constant * linear_warmup',
+      "trax multifactor schedule, e.g. 'constant * linear_warmup * "
+      "rsqrt_decay'; --learning_rate is its peak")
+  label_smoothing: float = _field(0.0,
+                                  'label smoothing of the training loss')
+  eval_every: int = _field(250, 'eval (and checkpoint) every N steps')
+  seed: int = _field(0, 'random seed (weights, dropout, data order)')
+  implementations: tuple = _field(
+      ('trax', 'reference'),
+      "cross-attention implementations to train, each a registered name: "
+      "'trax' (built-in), 'reference', 'fused', 'chunked', 'cudnn', 'auto'",
+      nargs='+', metavar='NAME')
+  max_test_sentences: int = _field(
+      None, 'decode only the first N test sentences', type=int)
+  decode_batch_size: int = _field(100, 'sentences per decoding batch')
+  beam_sentences: int = _field(
+      None, 'decode only the first N test sentences with beam search too '
+      '(default: all of them; 0: none)', type=int)
+  n_beams: int = _field(4, 'beam size')
+  heatmap_sentences: int = _field(
+      3, 'test sentences whose cross-attention maps are drawn')
+
+  def check(self):
+    """Raises ValueError naming the first setting that cannot be used."""
+    for name in ('vocab_size', 'd_model', 'd_ff', 'n_layers', 'n_heads',
+                 'max_length', 'batch_size', 'steps', 'eval_every',
+                 'decode_batch_size', 'n_beams'):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f'{name} must be a positive int; got {value!r}.')
+    for name in ('beam_sentences', 'heatmap_sentences'):
+      value = getattr(self, name)
+      if value is None and name == 'beam_sentences':
+        continue
+      if not isinstance(value, int) or value < 0:
+        raise ValueError(f'{name} must be an int >= 0; got {value!r}.')
+    if self.d_model % self.n_heads:
+      raise ValueError(f'd_model ({self.d_model}) must be divisible by '
+                       f'n_heads ({self.n_heads}).')
+    for name in ('dropout', 'label_smoothing'):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f'{name} must be in [0, 1); got '
+                         f'{getattr(self, name)}.')
+    if not self.implementations:
+      raise ValueError('implementations must name at least one of '
+                       f'{registry.cross_attention_implementations()}.')
+    for name in self.implementations:
+      registry.resolve_cross_attention(name)
+    names = [registry.canonical_name(n) for n in self.implementations]
+    if len(set(names)) != len(names):
+      raise ValueError(f'implementations must be different; got {names}.')
+    self.implementations = tuple(names)
+
+
+def add_flags(parser, config_class=ValidationConfig):
+  """One argparse flag per field of `config_class`, from its metadata."""
+  for field in dataclasses.fields(config_class):
+    options = dict(field.metadata['flag'])
+    if 'type' not in options and 'nargs' not in options:
+      options['type'] = type(field.default)
+    default = field.default
+    shown = ' '.join(default) if isinstance(default, tuple) else default
+    parser.add_argument(
+        f'--{field.name}', default=list(default) if isinstance(
+            default, tuple) else default,
+        help=f"{field.metadata['help']} (default: {shown})", **options)
+
+
+def from_flags(args, config_class=ValidationConfig):
+  """The config made of parsed flags (lists become tuples)."""
+  return config_class(**{
+      f.name: tuple(getattr(args, f.name))
+      if isinstance(getattr(args, f.name), list) else getattr(args, f.name)
+      for f in dataclasses.fields(config_class)})
+
+
+def check_same_run(config, output_dir):
+  """Raises ValueError if `output_dir` holds a run with other settings.
+
+  A rerun resumes the checkpoints there, which is only the same run if
+  everything that shapes training is the same; more `steps` (train longer)
+  and what is decoded may change. A setting the earlier run did not record
+  (added in a later release) counts as its default.
+  """
+  path = os.path.join(output_dir, RUN_CONFIG)
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    earlier = json.load(f)
+  defaults = json.loads(json.dumps(dataclasses.asdict(type(config)())))
+  current = json.loads(json.dumps(dataclasses.asdict(config)))  # lists
+  changed = [f'{k} {earlier.get(k, defaults[k])!r} -> {v!r}'
+             for k, v in current.items()
+             if k not in MAY_CHANGE_ON_RESUME
+             and earlier.get(k, defaults[k]) != v]
+  if changed:
+    raise ValueError(
+        f'output_dir {output_dir} holds a run with other settings '
+        f'({"; ".join(changed)}); rerun with the same settings to resume it, '
+        'or choose a new --output_dir.')
+
+
+def write_run_config(config, output_dir):
+  with open(os.path.join(output_dir, RUN_CONFIG), 'w') as f:
+    json.dump(dataclasses.asdict(config), f, indent=2)

@@ -1,0 +1,138 @@
+"""The validation report: loss curves, attention maps and report.md.
+
+Drawing is apart from the run, so that other commands (the attention-map
+command) draw maps the same way.
+"""
+
+import functools
+
+import numpy as np
+
+
+def _pyplot():
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+@functools.lru_cache(maxsize=None)
+def _charmap(path):
+  from matplotlib import ft2font  # pylint: disable=g-import-not-at-top
+  try:
+    return frozenset(ft2font.FT2Font(path).get_charmap())
+  except (OSError, RuntimeError, ValueError):
+    return frozenset()
+
+
+def font_for(texts):
+  """Path of an installed font that has a glyph for every character of
+  `texts`, or None if none has.
+
+  matplotlib's default (DejaVu Sans) is tried first; it has no CJK glyphs,
+  so a Japanese or Chinese label would otherwise be drawn as empty boxes.
+  """
+  from matplotlib import font_manager  # pylint: disable=g-import-not-at-top
+  needed = {ord(c) for text in texts for c in text if not c.isspace()}
+  default = font_manager.findfont(font_manager.FontProperties())
+  others = sorted({f.fname for f in font_manager.fontManager.ttflist})
+  for path in [default] + others:
+    if needed <= _charmap(path):
+      return path
+  return None
+
+
+def plot_loss_curves(histories, path):
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4))
+  for (label, losses), style in zip(histories.items(), ('-', '--', ':', '-.')):
+    ax.plot(np.arange(1, len(losses) + 1), losses, style, label=label,
+            linewidth=1)
+  ax.set_xlabel('step')
+  ax.set_ylabel('training loss (cross-entropy)')
+  ax.set_yscale('log')
+  ax.legend()
+  ax.set_title('Training loss, same seed and batches')
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
+  """One row per layer, one column per head, for one sentence.
+
+  `weights` holds each layer's (heads, Lq, Lk) weights; the tokens label
+  the axes in a font that has their glyphs. Where no installed font has
+  them, the axes show token indices and the title says so.
+  """
+  from matplotlib.font_manager import FontProperties  # pylint: disable=g-import-not-at-top
+  plt = _pyplot()
+  font = font_for(list(source_tokens) + list(target_tokens) + [title])
+  if font is None:
+    source_tokens = [str(i) for i in range(len(source_tokens))]
+    target_tokens = [str(i) for i in range(len(target_tokens))]
+    title = ('token indices: no installed font has the glyphs of this text')
+  properties = FontProperties(fname=font) if font else FontProperties()
+  n_layers, n_heads = len(weights), weights[0].shape[0]
+  fig, axes = plt.subplots(n_layers, n_heads, squeeze=False,
+                           figsize=(2.6 * n_heads + 1, 2.4 * n_layers + 1))
+  for li, layer_weights in enumerate(weights):
+    for h in range(n_heads):
+      ax = axes[li][h]
+      ax.imshow(layer_weights[h][:len(target_tokens), :len(source_tokens)],
+                cmap='viridis', vmin=0, aspect='auto')
+      ax.set_title(f'layer {li + 1} head {h + 1}', fontsize=8)
+      ax.set_xticks(range(len(source_tokens)))
+      ax.set_xticklabels(source_tokens, rotation=90, fontsize=6,
+                         fontproperties=properties)
+      ax.set_yticks(range(len(target_tokens)))
+      ax.set_yticklabels(target_tokens, fontsize=6, fontproperties=properties)
+  fig.suptitle(title, fontsize=9, fontproperties=properties)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return font
+
+
+def render_report(summary, labels):
+  """report.md: one column per implementation (its name as label)."""
+  rows = [('BLEU (sacreBLEU, cased)', 'bleu', '{:.2f}'),
+          ('BLEU (lowercased)', 'bleu_lowercase', '{:.2f}'),
+          ('chrF (sacreBLEU)', 'chrf', '{:.2f}'),
+          ('exact match, greedy', 'exact_match', '{:.2%}'),
+          ('BLEU lowercased, beam search (first N sentences)',
+           'beam_bleu_lowercase', '{:.2f}'),
+          ('exact match, beam search (first N sentences)',
+           'beam_exact_match', '{:.2%}'),
+          ('beam search: N sentences', 'beam_sentences', '{}'),
+          ('final training loss', 'final_loss', '{:.6f}'),
+          ('eval loss', 'eval_loss', '{:.4f}'),
+          ('eval token accuracy', 'eval_accuracy', '{:.4f}'),
+          ('training time (s)', 'train_seconds', '{:.1f}'),
+          ('greedy decoding time (s)', 'decode_seconds', '{:.1f}'),
+          ('beam search time (s)', 'beam_seconds', '{:.1f}')]
+  c = summary['config']
+  lines = [
+      f"# trax_qkv validation: cross-attention {' vs '.join(labels)}", '',
+      f"Data set `{summary['dataset']}` ({' -> '.join(summary['keys'])}), "
+      f"{summary['test_sentences']} test sentences. Transformer "
+      f"{c['n_layers']}+{c['n_layers']} layers, d_model {c['d_model']}, "
+      f"d_ff {c['d_ff']}, {c['n_heads']} heads, dropout {c['dropout']}; "
+      f"{summary['steps']} steps of batch {c['batch_size']}, Adam "
+      f"{c['learning_rate']} with {c['warmup_steps']} warm-up steps, seed "
+      f"{summary['seed']}. Both models see the same batches in the same "
+      'order and start from the same weights.', '',
+      '| metric | ' + ' | '.join(labels) + ' |',
+      '|---|' + '---|' * len(labels)]
+  for title, key, fmt in rows:
+    cells = [fmt.format(summary[l][key]) if summary[l].get(key) is not None
+             else 'n/a' for l in labels]
+    lines.append(f'| {title} | ' + ' | '.join(cells) + ' |')
+  if 'max_loss_diff' in summary:
+    lines += ['', f"Max |difference| between the per-step training losses: "
+              f"**{summary['max_loss_diff']:.3g}**; test sentences decoded "
+              f"identically: **{summary['identical_decodes']:.2%}**."]
+  lines += ['', '![loss curves](loss_curves.png)', '',
+            'Cross-attention per head (`cross_attention_*.png`): each head '
+            'has its own query/key projection and so its own alignment.', '']
+  return '\n'.join(lines)

@@ -1,0 +1,285 @@
+"""The main job: Transformers with different cross-attention, side by side.
+
+Each is trained from the same seed on the same list of batches with
+`trax.supervised.training.Loop` (resumable, exactly); then each decodes the
+test split in predict mode and is scored with sacreBLEU (and exact match).
+The report shows whether they agree: with 'reference' the per-step training
+losses are those of the built-in ('trax'), bit for bit.
+"""
+
+import dataclasses
+import functools
+import itertools
+import json
+import os
+import time
+
+import numpy as np
+import trax
+from trax import layers as tl
+from trax import shapes
+from trax.supervised import lr_schedules
+from trax.supervised import training
+
+from trax_qkv import data as data_lib
+from trax_qkv import patches
+from trax_qkv.models import registry
+from trax_qkv.supervised import checkpointing
+from trax_qkv.supervised import decoding
+from trax_qkv.supervised import scoring
+from trax_qkv.supervised.progress import Progress
+from trax_qkv.supervised.training import check_output_dir
+from trax_qkv.validation import config as config_lib
+from trax_qkv.validation import report
+
+STEP_LOSS = 'metrics/step_loss'  # history entry: every step's training loss
+
+
+class RecordingLoop(checkpointing.ResumableLoop):
+  """A resumable training.Loop that keeps every step's training loss.
+
+  The losses live in the Loop's history, so checkpoints carry them and a
+  resumed run reports the whole curve. `progress`, if set, is told of
+  every step.
+  """
+
+  progress = None
+
+  def _run_one_step(self, task_index, task_changed):
+    loss, stats = super()._run_one_step(task_index, task_changed)
+    self.history.append('train', STEP_LOSS, self.step, float(loss))
+    if self.progress is not None:
+      self.progress.update(loss=float(loss))
+    return loss, stats
+
+  @property
+  def step_losses(self):
+    return [loss for _, loss in self.history.get('train', STEP_LOSS)]
+
+
+def model_factory(config, vocab_size, implementation):
+  return functools.partial(
+      registry.CrossAttentionTransformer, vocab_size,
+      d_model=config.d_model, d_ff=config.d_ff,
+      n_encoder_layers=config.n_layers, n_decoder_layers=config.n_layers,
+      n_heads=config.n_heads, max_len=max(2 * config.max_length, 64),
+      dropout=config.dropout, cross_attention=implementation)
+
+
+def train_one(config, model_fn, train_batches, eval_batches, output_dir,
+              log=print):
+  """Trains from `config.seed`, or resumes; returns (loop, seconds).
+
+  Step s trains on `train_batches[s % len]` (entry 0 is TrainTask's shape
+  sample); a resumed run picks up at its checkpoint's step.
+  """
+  # With rsqrt_decay, multifactor divides by sqrt(max(step, warmup)); scale
+  # the constant so that `learning_rate` is the peak rate either way.
+  peak = config.learning_rate * (
+      np.sqrt(config.warmup_steps) if 'rsqrt_decay' in config.lr_factors
+      else 1.0)
+  schedule = lr_schedules.multifactor(
+      constant=peak, factors=config.lr_factors,
+      warmup_steps=config.warmup_steps)
+  checkpointing.finish_interrupted_save(output_dir)
+  done = checkpointing.checkpoint_step(output_dir)
+  task = training.TrainTask(itertools.islice(itertools.cycle(train_batches),
+                                             done + 1, None),
+                            tl.WeightedCategoryCrossEntropy(
+                                label_smoothing=config.label_smoothing or None),
+                            trax.optimizers.Adam(config.learning_rate),
+                            lr_schedule=schedule,
+                            sample_batch=train_batches[0])
+  eval_task = training.EvalTask(
+      itertools.cycle(eval_batches),
+      [tl.WeightedCategoryCrossEntropy(), tl.WeightedCategoryAccuracy()],
+      n_eval_batches=len(eval_batches))
+  loop = RecordingLoop(
+      model_fn(mode='train'), task, eval_model=model_fn(mode='eval'),
+      eval_tasks=[eval_task], output_dir=output_dir,
+      random_seed=config.seed,
+      eval_at=lambda step: step % config.eval_every == 0 or step == 1,
+      checkpoint_at=lambda step: (step % config.eval_every == 0
+                                  or step == config.steps))
+  start = time.time()
+  with Progress(config.steps - loop.step, 'training', log, unit='step',
+                every_seconds=120) as loop.progress:
+    loop.run(config.steps - loop.step)
+  seconds = time.time() - start
+  log(f'trained steps {done + 1}-{config.steps} in {seconds:.1f} s, final '
+      f'loss {loop.step_losses[-1]:.4f}')
+  return loop, seconds
+
+
+def beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
+                       references, source_length, decode_length, log=print):
+  """Beam search on the first `config.beam_sentences` test sentences.
+
+  None means every test sentence. Returns {} when there are none, else
+  the beams' sacreBLEU / exact-match scores, 'sentences', 'seconds' and
+  the 'hypotheses' themselves.
+  """
+  n = len(source_ids) if config.beam_sentences is None else min(
+      config.beam_sentences, len(source_ids))
+  if n == 0:
+    return {}
+  batch = max(1, min(config.decode_batch_size // config.n_beams, n))
+  log(f'beam search ({config.n_beams} beams) on {n} sentences, {batch} at '
+      'a time ...')
+  start = time.time()
+  with Progress(-(-n // batch), 'beam search', log) as progress:
+    ids = decoding.beam_decode(
+        decoding.predict_model(model_fn, checkpoint, batch * config.n_beams,
+                               source_length, decode_length),
+        source_ids[:n], batch, source_length, config.n_beams, decode_length,
+        progress=progress)
+  hypotheses = [vocab.decode(h) for h in ids]
+  return dict(scoring.scores(hypotheses, references[:n]), sentences=n,
+              seconds=time.time() - start, hypotheses=hypotheses)
+
+
+def _eval_metric(loop, name):
+  history = loop.history.get('eval', f'metrics/{name}')
+  return float(history[-1][1]) if history else None
+
+
+def cross_attention_weights(model_fn, weights_file, source_ids, target_ids,
+                            n_decoder_layers):
+  """Per-layer (batch, heads, Lq, Lk) cross-attention weights from 'viz'.
+
+  Teacher-forces `target_ids` (e.g. the model's own decodes) and reads the
+  'viz' state of each decoder layer's PureAttention. Encoder self-attention
+  also contains a PureAttention and comes first in the layer tree; decoder
+  causal attention does not, so the last `n_decoder_layers` are the
+  cross-attention ones.
+  """
+  model = model_fn(mode='viz')
+  src = decoding.pad_rows(source_ids, max(len(s) for s in source_ids))
+  tgt = decoding.pad_rows(target_ids, max(len(t) for t in target_ids))
+  model.init_from_file(weights_file, weights_only=True,
+                       input_signature=shapes.signature((src, tgt)))
+  model((src, tgt))
+  found = []
+
+  def walk(layer):
+    if type(layer).__name__ == 'PureAttention':
+      found.append(np.asarray(layer.state))
+    for sub in layer.sublayers:
+      walk(sub)
+
+  walk(model)
+  return found[-n_decoder_layers:]
+
+
+def _pieces(vocab, ids):
+  return [vocab.decode([i]) if i != data_lib.EOS_ID else '<eos>' for i in ids]
+
+
+def _write_lines(path, lines):
+  with open(path, 'w', encoding='utf-8') as f:
+    f.writelines(line + '\n' for line in lines)
+
+
+def run_validation(config, output_dir, log=print):
+  """Trains, decodes and scores every implementation; writes the report.
+
+  Everything is checked before anything is written. Returns the summary
+  dict also written to `summary.json`; its per-model entries, run
+  directories and decode files are named by implementation ('trax',
+  'reference', ...).
+  """
+  config.check()
+  output_dir = check_output_dir(output_dir)
+  config_lib.check_same_run(config, output_dir)
+  log(f'preparing data {config.source_dir or config.dataset} ...')
+  data = data_lib.translation_data(config.dataset, config.keys,
+                                   config.source_dir, config.data_dir,
+                                   config.vocab_size)
+  os.makedirs(output_dir, exist_ok=True)
+  config_lib.write_run_config(config, output_dir)
+  vocab = data.vocab()
+  inputs = data_lib.TranslationInputs(data, max_length=config.max_length,
+                                      batch_size=config.batch_size,
+                                      seed=config.seed)
+  patches.reset_data_counters()
+  train_batches = list(itertools.islice(inputs.train_stream(1), config.steps))
+  eval_batches = list(itertools.islice(inputs.eval_stream(1), 4))
+  test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
+  if config.max_test_sentences:
+    test = test[:config.max_test_sentences]
+  sources = [s for s, _ in test]
+  references = [t for _, t in test]
+  source_ids = decoding.encode_sources(vocab, sources)
+  source_length = max(len(s) for s in source_ids)
+  decode_length = max(len(vocab.encode(t)) for t in references) + 8
+  # Attention maps of the bit-identical plugin, else of the first model.
+  mapped = ('reference' if 'reference' in config.implementations
+            else config.implementations[0])
+
+  results, histories, decodes = {}, {}, {}
+  for name in config.implementations:
+    log(f'== {name}: cross-attention {name!r}')
+    model_fn = model_factory(config, vocab.vocab_size, name)
+    run_dir = os.path.join(output_dir, name)
+    loop, seconds = train_one(config, model_fn, train_batches, eval_batches,
+                              run_dir, log)
+    histories[name] = loop.step_losses
+    checkpoint = os.path.join(run_dir, 'model.pkl.gz')
+    batch = min(config.decode_batch_size, len(source_ids))
+    log(f'decoding {len(source_ids)} test sentences (greedy, batches of '
+        f'{batch}) ...')
+    start = time.time()
+    with Progress(-(-len(source_ids) // batch), 'greedy decoding',
+                  log) as progress:
+      ids = decoding.greedy_decode(
+          decoding.predict_model(model_fn, checkpoint, batch, source_length,
+                                 decode_length),
+          source_ids, batch, source_length, decode_length, progress=progress)
+    decode_seconds = time.time() - start
+    hypotheses = [vocab.decode(h) for h in ids]
+    decodes[name] = hypotheses
+    beam = beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
+                              references, source_length, decode_length, log)
+    results[name] = dict(
+        scoring.scores(hypotheses, references),
+        **{f'beam_{k}': v for k, v in beam.items() if k != 'hypotheses'},
+        final_loss=loop.step_losses[-1],
+        eval_loss=_eval_metric(loop, 'WeightedCategoryCrossEntropy'),
+        eval_accuracy=_eval_metric(loop, 'WeightedCategoryAccuracy'),
+        train_seconds=seconds, decode_seconds=decode_seconds)
+    log(f'{name}: ' + ', '.join(
+        f'{k} {v:.4g}' for k, v in results[name].items()
+        if isinstance(v, float)))
+    _write_lines(os.path.join(output_dir, f'decodes_{name}.txt'), hypotheses)
+    _write_lines(os.path.join(output_dir, f'decodes_beam_{name}.txt'),
+                 beam.get('hypotheses', []))
+    if name == mapped:
+      n = min(config.heatmap_sentences, len(source_ids))
+      targets = [vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
+      layers = cross_attention_weights(model_fn, checkpoint, source_ids[:n],
+                                       targets, config.n_layers)
+      for i in range(n):
+        report.plot_heatmaps(
+            [w[i] for w in layers], _pieces(vocab, source_ids[i]),
+            _pieces(vocab, targets[i]),
+            os.path.join(output_dir, f'cross_attention_{i}.png'),
+            f'{name}: "{sources[i]}" -> "{hypotheses[i]}"')
+
+  names = list(histories)
+  summary = dict(
+      dataset=data.name, keys=list(data.keys), steps=config.steps,
+      seed=config.seed, test_sentences=len(references),
+      config=dataclasses.asdict(config), **results)
+  if len(names) >= 2:
+    a, b = names[:2]
+    summary['max_loss_diff'] = float(np.max(np.abs(
+        np.asarray(histories[a]) - np.asarray(histories[b]))))
+    summary['identical_decodes'] = float(np.mean(
+        [x == y for x, y in zip(decodes[a], decodes[b])]))
+  report.plot_loss_curves(histories,
+                          os.path.join(output_dir, 'loss_curves.png'))
+  with open(os.path.join(output_dir, 'summary.json'), 'w') as f:
+    json.dump(summary, f, indent=2, default=str)
+  with open(os.path.join(output_dir, 'report.md'), 'w') as f:
+    f.write(report.render_report(summary, names))
+  return summary

@@ -1,0 +1,81 @@
+"""Entry points of trax_qkv's console commands (setup.cfg console_scripts).
+
+Each command lives in `trax_qkv.cli.<command>`; this module, outside the
+package, only imports it quietly. Importing `trax_qkv` imports Trax, and
+start-up noise that is not the user's business is kept behind --verbose:
+
+Importing Trax prints TensorFlow's and XLA's C++ start-up lines (absl,
+oneDNN, CUDA stubs) and Gym's "unmaintained" notice, and gin logs
+`Path not found` for each `include` it resolves by file path. None of it is
+an error of the run. Without --verbose these go to /dev/null while the
+heavy modules are imported, and gin's lookup messages are filtered; a
+failing import still raises its own exception, with its traceback.
+"""
+
+import contextlib
+import importlib
+import logging
+import os
+import sys
+import warnings
+
+# Warnings of libraries about themselves, not about the user's run.
+_NOISE_WARNINGS = (
+    'jax.process_count has been renamed',  # trax calls the old name
+)
+
+
+class _DropGinPathLookups(logging.Filter):
+
+  def filter(self, record):
+    return not str(record.msg).startswith('Path not found')
+
+
+@contextlib.contextmanager
+def quiet_imports(verbose=False):
+  """Within the block, stderr (file descriptor 2) goes to /dev/null unless
+  `verbose`; afterwards library noise warnings and gin's lookups stay
+  filtered for the rest of the process."""
+  if verbose:
+    yield
+    return
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+  for message in _NOISE_WARNINGS:
+    warnings.filterwarnings('ignore', message=message)
+  logging.getLogger().addFilter(_DropGinPathLookups())
+  sys.stderr.flush()
+  saved = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  try:
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+
+
+def run(command, argv=None):
+  """Runs `trax_qkv.cli.<command>.main(argv)`, imported quietly unless
+  argv has --verbose; returns its exit status."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  with quiet_imports('--verbose' in argv):
+    module = importlib.import_module(f'trax_qkv.cli.{command}')
+  return module.main(argv)
+
+
+def train():
+  return run('train')
+
+
+def validate():
+  return run('validate')
+
+
+def bench():
+  return run('bench')
+
+
+def bench_kernels():
+  return run('bench_kernels')
