@@ -8,7 +8,7 @@ import pytest
 from trax.supervised import training as trax_training
 
 from trax_qkv.supervised import training
-from helpers import CONFIGS, load_script, tiny_train_bindings as _tiny_bindings
+from helpers import CONFIGS, command, tiny_train_bindings as _tiny_bindings
 
 train_script = command('train')
 

@@ -12,11 +12,10 @@ import pytest
 import trax
 from trax import layers as tl
 from trax import shapes
-from trax.supervised import decoding
+from trax.supervised import decoding as trax_decoding
 
 import trax_qkv
 from trax_qkv.supervised import decoding
-from trax_qkv.supervised import scoring
 from trax_qkv.data import EOS_ID
 from helpers import assert_trees_equal
 
@@ -137,7 +136,7 @@ def test_greedy_decoding_identical():
       predict.init_from_file(path, weights_only=True,
                              input_signature=shapes.signature(
                                  (src, src[:, :1])))
-      decoded[name] = decoding.autoregressive_sample(
+      decoded[name] = trax_decoding.autoregressive_sample(
           predict, src, batch_size=len(src), temperature=0.0, max_length=8,
           eos_id=1)
     assert np.array_equal(decoded['trax'], decoded['reference'])
@@ -305,3 +304,20 @@ def test_registry_accepts_user_layers_and_rejects_unknown_names():
   assert calls[0]['cache_KV_in_predict'] is True
   with pytest.raises(ValueError, match="cross-attention implementation must be one of .*'reference'.*got 'nope'"):
     trax_qkv.CrossAttentionTransformer(VOCAB, cross_attention='nope', **CONFIG)
+
+
+@pytest.mark.parametrize('old,new', [('trax_qkv', 'reference'),
+                                     ('trax_qkv_auto', 'auto')])
+def test_first_release_names_still_work_with_a_deprecation_warning(old, new):
+  with pytest.deprecated_call(match=f"{old!r} is deprecated.*use {new!r}"):
+    old_model = trax_qkv.CrossAttentionTransformer(
+        VOCAB, cross_attention=old, mode='eval', **CONFIG)
+  new_model = trax_qkv.CrossAttentionTransformer(
+      VOCAB, cross_attention=new, mode='eval', **CONFIG)
+  assert ([type(l) for l in _walk(old_model)]
+          == [type(l) for l in _walk(new_model)])
+  with pytest.deprecated_call():
+    with gin.unlock_config():
+      gin.bind_parameter('trax_qkv.EncoderDecoderAttention.implementation',
+                         old)
+    trax.models.Transformer(VOCAB, mode='eval', **CONFIG)

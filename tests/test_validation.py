@@ -12,15 +12,33 @@ from trax_qkv.validation import run as validation
 from helpers import command
 
 
-def test_help_documents_every_flag():
-  parser = command('validate').build_parser()
-  help_text = parser.format_help()
-  for field in dataclasses.fields(config_lib.ValidationConfig):
-    if field.name in ('decode_batch_size', 'heatmap_sentences'):
-      continue  # fixed by the report layout, not flags
-    assert f'--{field.name}' in help_text, field.name
+@pytest.mark.parametrize('name', ['train', 'validate', 'bench',
+                                  'bench_kernels'])
+def test_every_command_documents_every_flag(name, capsys):
+  parser = command(name).build_parser()
   for action in parser._actions:  # pylint: disable=protected-access
     assert action.help, action.option_strings
+  with pytest.raises(SystemExit) as exit_info:
+    command(name).main(['--help'])
+  assert exit_info.value.code == 0
+  assert f"usage: trax-qkv-{name.replace('_', '-')}" in capsys.readouterr().out
+
+
+def test_validate_flags_are_the_config_fields_with_their_defaults():
+  """Each setting's default and help is written once, in ValidationConfig."""
+  parser = command('validate').build_parser()
+  defaults = config_lib.from_flags(parser.parse_args([]))
+  assert defaults == config_lib.ValidationConfig()
+  help_text = ' '.join(parser.format_help().split())
+  for field in dataclasses.fields(config_lib.ValidationConfig):
+    assert f'--{field.name}' in help_text, field.name
+    assert ' '.join(field.metadata['help'].split()) in help_text, field.name
+  args = parser.parse_args(['--keys', 'de', 'en', '--implementations',
+                            'trax', 'auto', '--beam_sentences', '0'])
+  config = config_lib.from_flags(args)
+  assert config.keys == ('de', 'en')
+  assert config.implementations == ('trax', 'auto')
+  assert config.beam_sentences == 0
 
 
 def test_scores_use_sacrebleu():
