@@ -31,11 +31,14 @@ def font_for(texts):
 
   matplotlib's default (DejaVu Sans) is tried first; it has no CJK glyphs,
   so a Japanese or Chinese label would otherwise be drawn as empty boxes.
+  matplotlib's Last Resort font is never chosen: it maps every character
+  to a placeholder box.
   """
   from matplotlib import font_manager  # pylint: disable=g-import-not-at-top
   needed = {ord(c) for text in texts for c in text if not c.isspace()}
   default = font_manager.findfont(font_manager.FontProperties())
-  others = sorted({f.fname for f in font_manager.fontManager.ttflist})
+  others = sorted({f.fname for f in font_manager.fontManager.ttflist
+                   if 'LastResort' not in f.fname})
   for path in [default] + others:
     if needed <= _charmap(path):
       return path

@@ -1,0 +1,62 @@
+"""Drawing attention maps in any script, and progress of long work."""
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+from matplotlib import font_manager
+
+from trax_qkv.supervised.progress import Progress
+from trax_qkv.validation import report
+
+
+def _installed_fonts():
+  return sorted({f.fname for f in font_manager.fontManager.ttflist
+                 if 'LastResort' not in f.fname})
+
+
+def test_font_for_picks_a_font_with_every_glyph():
+  default = font_manager.findfont(font_manager.FontProperties())
+  assert report.font_for(['Hund läuft', 'dog runs']) == default
+  # A character the default font lacks but another installed font has.
+  lacking = None
+  for path in _installed_fonts():
+    extra = sorted(report._charmap(path) - report._charmap(default))  # pylint: disable=protected-access
+    extra = [c for c in extra if chr(c).isprintable() and c > 0x7f]
+    if extra:
+      lacking = chr(extra[0])
+      break
+  if lacking is None:
+    pytest.skip('every installed font covers the same characters')
+  chosen = report.font_for(['ab', lacking])
+  assert chosen != default
+  assert ord(lacking) in report._charmap(chosen)  # pylint: disable=protected-access
+  assert report.font_for(['\U0010fffd']) is None  # a private-use code point
+
+
+def test_heatmap_of_a_japanese_sentence_draws_no_empty_boxes(tmp_path):
+  """matplotlib warns 'Glyph ... missing from font' for each character it
+  draws as an empty box; the map uses a font with the glyphs, or token
+  indices where no installed font has them."""
+  source, target = ['犬', 'が', '走る', '<eos>'], ['A', 'dog', 'runs', '<eos>']
+  weights = [np.random.RandomState(0).dirichlet(np.ones(4), (2, 4))] * 2
+  path = tmp_path / 'map.png'
+  with warnings.catch_warnings():
+    warnings.filterwarnings('error', message='.*missing from font')
+    font = report.plot_heatmaps(weights, source, target, str(path),
+                                '犬が走る -> A dog runs')
+  assert path.stat().st_size > 0
+  if font is not None:
+    assert {ord(c) for c in '犬が走る'} <= report._charmap(font)  # pylint: disable=protected-access
+
+
+def test_progress_logs_lines_when_not_on_a_terminal():
+  lines = []
+  with Progress(20, 'decoding', lines.append, stream=io.StringIO()) as p:
+    for _ in range(20):
+      p.update(loss=1.5)
+  # One line per tenth of the work (2 batches), the last at 20/20.
+  assert len(lines) == 10
+  assert lines[0].startswith('decoding: 2/20 (') and 'loss 1.5' in lines[0]
+  assert lines[-1].startswith('decoding: 20/20 (')
