@@ -22,6 +22,7 @@ import warnings
 # Warnings of libraries about themselves, not about the user's run.
 _NOISE_WARNINGS = (
     'jax.process_count has been renamed',  # trax calls the old name
+    'GzipFile was opened for writing',  # trax's checkpoint writer
 )
 
 
@@ -79,3 +80,11 @@ def bench():
 
 def bench_kernels():
   return run('bench_kernels')
+
+
+def translate():
+  return run('translate')
+
+
+def attention_map():
+  return run('attention_map')

@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-from trax_qkv.supervised import decoding
 from trax_qkv.supervised import scoring
 from trax_qkv.validation import config as config_lib
 from trax_qkv.validation import run as validation

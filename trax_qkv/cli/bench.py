@@ -8,33 +8,21 @@ measured interleaved in this one run, with the spread of the per-round
 ratios; writes bench.json and bench.md to --output_dir.
 """
 
-import argparse
-
+from trax_qkv import cli
 from trax_qkv.benchmarks import layers as bench
-from trax_qkv.cli import add_verbose_flag
 
 
 def build_parser():
-  parser = argparse.ArgumentParser(
-      prog='trax-qkv-bench', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--output_dir', default='runs/bench',
-                      help='where bench.json and bench.md go (default: '
-                      'runs/bench)')
-  parser.add_argument('--rounds', type=int, default=bench.DEFAULT_ROUNDS,
-                      help='interleaved timing rounds per measurement '
-                      f'(default: {bench.DEFAULT_ROUNDS})')
+  parser = cli.new_parser('trax-qkv-bench', __doc__)
+  cli.add_timing_flags(parser, 'runs/bench', 'bench.json and bench.md',
+                       bench.DEFAULT_ROUNDS)
   parser.add_argument('--quick', action='store_true',
                       help='small shapes only (a smoke test, not the table)')
-  add_verbose_flag(parser)
   return parser
 
 
 def main(argv=None):
-  parser = build_parser()
-  args = parser.parse_args(argv)
-  if args.rounds < 1:
-    parser.error(f'--rounds must be >= 1; got {args.rounds}')
+  args = build_parser().parse_args(argv)
   results = bench.run(rounds=args.rounds, quick=args.quick)
   bench.write(results, args.output_dir)
   print(bench.markdown(results))

@@ -12,38 +12,27 @@ temporary memory and the float32 error of each implementation; writes
 kernel_bench.json and kernel_bench.md.
 """
 
-import argparse
-
+from trax_qkv import cli
 from trax_qkv.benchmarks import kernels as kernel_bench
 from trax_qkv.benchmarks import timing
-from trax_qkv.cli import add_verbose_flag
 
 
 def build_parser():
-  parser = argparse.ArgumentParser(
-      prog='trax-qkv-bench-kernels', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--output_dir', default='runs/bench_kernels',
-                      help='where kernel_bench.json and kernel_bench.md go '
-                      '(default: runs/bench_kernels)')
-  parser.add_argument('--rounds', type=int,
-                      default=kernel_bench.DEFAULT_ROUNDS,
-                      help='interleaved timing rounds per measurement '
-                      f'(default: {kernel_bench.DEFAULT_ROUNDS})')
+  parser = cli.new_parser('trax-qkv-bench-kernels', __doc__)
+  cli.add_timing_flags(parser, 'runs/bench_kernels',
+                       'kernel_bench.json and kernel_bench.md',
+                       kernel_bench.DEFAULT_ROUNDS)
   parser.add_argument('--shape', type=int, nargs=5, action='append',
                       metavar=('BATCH', 'LQ', 'LK', 'D_MODEL', 'HEADS'),
                       help='a shape to measure (repeatable); default: '
                       f'{kernel_bench.GPU_SHAPES} on a GPU, else '
                       f'{kernel_bench.CPU_SHAPES}')
-  add_verbose_flag(parser)
   return parser
 
 
 def main(argv=None):
   parser = build_parser()
   args = parser.parse_args(argv)
-  if args.rounds < 1:
-    parser.error(f'--rounds must be >= 1; got {args.rounds}')
   for shape in args.shape or ():
     if min(shape) < 1 or shape[3] % shape[4]:
       parser.error(f'--shape {" ".join(map(str, shape))}: all must be >= 1 '

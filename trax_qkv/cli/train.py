@@ -9,15 +9,11 @@ job. Running the same command again resumes from the checkpoint in
 --output_dir.
 """
 
-import argparse
-
-from trax_qkv.cli import add_verbose_flag
+from trax_qkv import cli
 
 
 def build_parser():
-  parser = argparse.ArgumentParser(
-      prog='trax-qkv-train', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli.new_parser('trax-qkv-train', __doc__)
   parser.add_argument('--config_file', action='append', default=[],
                       help='gin config file (repeatable, parsed in order)')
   parser.add_argument('--config', action='append', default=[],
@@ -25,17 +21,19 @@ def build_parser():
                       '(repeatable)')
   parser.add_argument('--output_dir', required=True,
                       help='checkpoints and logs; an earlier run here resumes')
-  add_verbose_flag(parser)
   return parser
 
 
 def main(argv=None):
   parser = build_parser()
   args = parser.parse_args(argv)
+  from trax_qkv.supervised import checkpointing  # pylint: disable=g-import-not-at-top
   from trax_qkv.supervised import training  # pylint: disable=g-import-not-at-top
   try:
     training.train_from_configs(args.config_file, args.config,
                                 args.output_dir)
-  except (training.ConfigError, ValueError, PermissionError) as e:
+  except (ValueError, PermissionError) as e:  # the command line
     parser.exit(2, f'error: {e}\n')
+  except checkpointing.RunError as e:  # the run, stopped intact
+    parser.exit(1, f'error: {e}\n')
   return 0

@@ -13,35 +13,35 @@ summary.json, loss_curves.png and cross-attention maps to --output_dir.
 Running the same command again resumes an interrupted run exactly.
 """
 
-import argparse
 import sys
 
-from trax_qkv.cli import add_verbose_flag
+from trax_qkv import cli
 from trax_qkv.validation import config as config_lib
 
 DEFAULT_OUTPUT_DIR = 'runs/validate'
 
 
 def build_parser():
-  parser = argparse.ArgumentParser(
-      prog='trax-qkv-validate', description=__doc__,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli.new_parser('trax-qkv-validate', __doc__)
   parser.add_argument(
       '--output_dir', default=DEFAULT_OUTPUT_DIR,
       help='where the report and checkpoints go (default: '
       f'{DEFAULT_OUTPUT_DIR})')
   config_lib.add_flags(parser)
-  add_verbose_flag(parser)
   return parser
 
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
+  from trax_qkv.supervised import checkpointing  # pylint: disable=g-import-not-at-top
   from trax_qkv.validation import run  # pylint: disable=g-import-not-at-top
   try:
     run.run_validation(config_lib.from_flags(args), args.output_dir)
-  except ValueError as e:
+  except (ValueError, PermissionError) as e:  # the command line
     print(f'error: {e}', file=sys.stderr)
     return 2
+  except checkpointing.RunError as e:  # the run, stopped intact
+    print(f'error: {e}', file=sys.stderr)
+    return 1
   print(f'report written to {args.output_dir}/report.md')
   return 0

@@ -7,6 +7,7 @@ vocabularies live on gs:// and are never fetched.
 
 import collections
 import os
+import re
 
 import gin
 import numpy as np
@@ -79,10 +80,30 @@ def translation_data(dataset='trax_qkv_numbers', keys=('en', 'de'),
   if len(keys) != 2 or not all(isinstance(k, str) for k in keys):
     raise ValueError(f'keys must be (source, target) feature names such as '
                      f"('en', 'de'); got {keys!r}.")
-  name = parallel_text.parallel_text_dataset(source_dir, *keys) if source_dir else dataset
+  name = (parallel_text.parallel_text_dataset(source_dir, *keys)
+          if source_dir else dataset)
   data_dir = os.path.expanduser(data_dir or DEFAULT_DATA_DIR)
+  check_dataset(name, data_dir)
   vocab_dir, vocab_file = build_vocab(name, keys, vocab_size, data_dir)
   return TranslationData(name, keys, data_dir, vocab_dir, vocab_file)
+
+
+class UnknownDatasetError(ValueError):
+  """A data set name that TFDS does not know."""
+
+
+def check_dataset(name, data_dir=None):
+  """Raises UnknownDatasetError, in one line with TFDS's closest names,
+  unless TFDS has a builder for `name` (before anything is prepared)."""
+  try:
+    tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError as e:
+    guesses = re.findall(r'Did you mean: \S+ -> (.+?) \?', str(e))
+    hint = f' (did you mean {" or ".join(guesses)}?)' if guesses else ''
+    raise UnknownDatasetError(
+        f'dataset {name!r} is not a tensorflow-datasets data set{hint}; give '
+        'a TFDS name such as trax_qkv_numbers, or --source_dir for a '
+        'directory of parallel text.') from None
 
 
 @gin.configurable(module='trax_qkv.data')

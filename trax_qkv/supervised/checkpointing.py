@@ -65,6 +65,18 @@ class CheckpointMismatchError(ValueError):
   """The checkpoint to resume from was written by a different model."""
 
 
+class RunError(RuntimeError):
+  """Training stopped; the last checkpoint on disk is intact."""
+
+
+class NonFiniteLossError(RunError):
+  """The training loss became NaN or infinite."""
+
+
+class CheckpointWriteError(RunError):
+  """A checkpoint could not be written (disk full, ...)."""
+
+
 def check_checkpoint_fits(model, directory, basename='model'):
   """Raises CheckpointMismatchError unless the checkpoint's weights have the
   shapes of `model`'s (initialized) weights, one by one.
@@ -122,6 +134,19 @@ class ResumableLoop(training.Loop):
     self._in_run = False
     super().__init__(*args, output_dir=output_dir, **kwargs)
 
+  def _run_one_step(self, task_index, task_changed):
+    loss, stats = super()._run_one_step(task_index, task_changed)
+    if not np.all(np.isfinite(np.asarray(loss))):
+      # Raised before this step's weights can be saved.
+      where = (f'the last checkpoint in {self._output_dir} (step '
+               f'{checkpoint_step(self._output_dir)}) is the last good one'
+               if self._output_dir else 'nothing was saved')
+      raise NonFiniteLossError(
+          f'the training loss is {np.mean(np.asarray(loss))} at step '
+          f'{self.step}, so training stopped there; {where}. Lower the '
+          'learning rate or check the data before resuming.')
+    return loss, stats
+
   def run(self, n_steps=1):
     self._in_run = True
     try:
@@ -147,19 +172,29 @@ class ResumableLoop(training.Loop):
       return
     output_dir = self._output_dir
     staging = os.path.join(output_dir, _STAGING.format(basename))
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    self._output_dir = staging  # Trax writes every file of it under here
     try:
-      super().save_checkpoint(basename)
-    finally:
-      self._output_dir = output_dir
-    np.save(os.path.join(staging, basename + RNG_SUFFIX), np.asarray(self._rng))
-    for filename in os.listdir(staging):
-      with open(os.path.join(staging, filename), 'rb+') as f:
-        os.fsync(f.fileno())
-    _fsync_dir(staging)
-    os.rename(staging, os.path.join(output_dir, _COMMITTED.format(basename)))
+      shutil.rmtree(staging, ignore_errors=True)
+      os.makedirs(staging)
+      self._output_dir = staging  # Trax writes every file of it under here
+      try:
+        super().save_checkpoint(basename)
+      finally:
+        self._output_dir = output_dir
+      np.save(os.path.join(staging, basename + RNG_SUFFIX),
+              np.asarray(self._rng))
+      for filename in os.listdir(staging):
+        with open(os.path.join(staging, filename), 'rb+') as f:
+          os.fsync(f.fileno())
+      _fsync_dir(staging)
+      os.rename(staging,
+                os.path.join(output_dir, _COMMITTED.format(basename)))
+    except OSError as e:  # the commit (rename) did not happen
+      shutil.rmtree(staging, ignore_errors=True)
+      raise CheckpointWriteError(
+          f'could not write the checkpoint of step {self.step} to '
+          f'{output_dir}: {e}. The checkpoint there (step '
+          f'{checkpoint_step(output_dir, basename)}) is untouched, and '
+          'running the same command again resumes from it.') from e
     _fsync_dir(output_dir)
     finish_interrupted_save(output_dir)
 

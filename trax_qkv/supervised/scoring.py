@@ -1,21 +1,49 @@
-"""Scoring translations as the field reports them: sacreBLEU and exact match."""
+"""Scoring translations as the field reports them: sacreBLEU and exact match.
+
+Every score comes with sacreBLEU's signature (references, case,
+tokenizer, smoothing, version), so a number can be compared with another
+only where the signatures match.
+"""
 
 import numpy as np
-import sacrebleu
+from sacrebleu.metrics import BLEU
+from sacrebleu.metrics import CHRF
+
+# sacreBLEU's tokenizers offered for BLEU: '13a' (its default, for
+# languages written with spaces), 'intl' (Unicode punctuation and symbols),
+# 'char' (every character a token), 'zh' (Chinese), 'ja-mecab' (Japanese;
+# needs `pip install 'sacrebleu[ja]'`).
+BLEU_TOKENIZERS = ('13a', 'intl', 'char', 'zh', 'ja-mecab')
 
 
-def scores(hypotheses, references):
-  """sacreBLEU BLEU (cased, lowercased) and chrF, and exact match."""
+def check_bleu_tokenize(tokenize):
+  """Raises ValueError unless sacreBLEU can tokenize with `tokenize` here."""
+  if tokenize not in BLEU_TOKENIZERS:
+    raise ValueError(f'bleu_tokenize must be one of {BLEU_TOKENIZERS}; got '
+                     f'{tokenize!r}.')
+  try:
+    BLEU(tokenize=tokenize)
+  except RuntimeError as e:  # a tokenizer whose extra package is missing
+    raise ValueError(
+        f"bleu_tokenize {tokenize!r} needs a package that is not installed: "
+        f"pip install 'sacrebleu[ja]' ({' '.join(str(e).split())})") from None
+
+
+def scores(hypotheses, references, tokenize='13a'):
+  """sacreBLEU BLEU (cased, lowercased) and chrF with their signatures, and
+  exact match."""
   if len(hypotheses) != len(references):
     raise ValueError(f'{len(hypotheses)} hypotheses for '
                      f'{len(references)} references.')
-  exact = np.mean([h == r for h, r in zip(hypotheses, references)])
-  return {
-      'bleu': sacrebleu.corpus_bleu(hypotheses, [references]).score,
-      'bleu_lowercase': sacrebleu.corpus_bleu(hypotheses, [references],
-                                              lowercase=True).score,
-      # chrF: on single-word targets (German number words) BLEU has no
-      # 2- to 4-grams to match and is 0 even for perfect output.
-      'chrf': sacrebleu.corpus_chrf(hypotheses, [references]).score,
-      'exact_match': float(exact),
-  }
+  check_bleu_tokenize(tokenize)
+  out = {'exact_match': float(np.mean(
+      [h == r for h, r in zip(hypotheses, references)]))}
+  # chrF: on single-word targets (German number words) BLEU has no 2- to
+  # 4-grams to match and is 0 even for perfect output.
+  for name, metric in (('bleu', BLEU(tokenize=tokenize)),
+                       ('bleu_lowercase', BLEU(tokenize=tokenize,
+                                               lowercase=True)),
+                       ('chrf', CHRF())):
+    out[name] = metric.corpus_score(hypotheses, [references]).score
+    out[f'{name}_signature'] = str(metric.get_signature())
+  return out

@@ -18,6 +18,7 @@ import trax_qkv  # pylint: disable=unused-import  (configurables for configs)
 import trax_qkv.data  # pylint: disable=unused-import
 from trax_qkv import patches
 from trax_qkv.supervised import checkpointing
+from trax_qkv.supervised import locking
 
 
 class ConfigError(ValueError):
@@ -63,5 +64,6 @@ def train_from_configs(config_files, bindings, output_dir):
   gin.clear_config()
   parse_configs(config_files, bindings)
   patches.reset_data_counters()
-  with patches.trainer_loop_class(checkpointing.ResumableLoop):
+  with locking.hold_output_dir(output_dir), patches.trainer_loop_class(
+      checkpointing.ResumableLoop):
     return trainer_lib.train(output_dir=output_dir)

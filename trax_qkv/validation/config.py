@@ -9,12 +9,14 @@ import json
 import os
 
 from trax_qkv.models import registry
+from trax_qkv.supervised import scoring
 
 RUN_CONFIG = 'validation_config.json'  # the settings of the run in output_dir
 # Settings a rerun on the same output_dir may change: the run is the same.
 MAY_CHANGE_ON_RESUME = ('steps', 'implementations', 'data_dir',
                         'max_test_sentences', 'decode_batch_size',
-                        'beam_sentences', 'n_beams', 'heatmap_sentences')
+                        'beam_sentences', 'n_beams', 'heatmap_sentences',
+                        'bleu_tokenize')
 
 
 def _field(default, help, **flag):  # pylint: disable=redefined-builtin
@@ -73,6 +75,9 @@ class ValidationConfig:
   n_beams: int = _field(4, 'beam size')
   heatmap_sentences: int = _field(
       3, 'test sentences whose cross-attention maps are drawn')
+  bleu_tokenize: str = _field(
+      '13a', "sacreBLEU's tokenizer for BLEU: 13a, intl, char, zh or "
+      "ja-mecab (needs pip install 'sacrebleu[ja]')")
 
   def check(self):
     """Raises ValueError naming the first setting that cannot be used."""
@@ -95,6 +100,7 @@ class ValidationConfig:
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f'{name} must be in [0, 1); got '
                          f'{getattr(self, name)}.')
+    scoring.check_bleu_tokenize(self.bleu_tokenize)
     if not self.implementations:
       raise ValueError('implementations must name at least one of '
                        f'{registry.cross_attention_implementations()}.')

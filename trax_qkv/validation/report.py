@@ -118,12 +118,14 @@ def render_report(summary, labels):
   lines = [
       f"# trax_qkv validation: cross-attention {' vs '.join(labels)}", '',
       f"Data set `{summary['dataset']}` ({' -> '.join(summary['keys'])}), "
-      f"{summary['test_sentences']} test sentences. Transformer "
+      f"{summary['test_sentences']} test sentences, a shared vocabulary of "
+      f"{summary['vocab_size']} subwords ({c['vocab_size']} requested). "
+      f"Transformer "
       f"{c['n_layers']}+{c['n_layers']} layers, d_model {c['d_model']}, "
       f"d_ff {c['d_ff']}, {c['n_heads']} heads, dropout {c['dropout']}; "
       f"{summary['steps']} steps of batch {c['batch_size']}, Adam "
       f"{c['learning_rate']} with {c['warmup_steps']} warm-up steps, seed "
-      f"{summary['seed']}. Both models see the same batches in the same "
+      f"{summary['seed']}. All models see the same batches in the same "
       'order and start from the same weights.', '',
       '| metric | ' + ' | '.join(labels) + ' |',
       '|---|' + '---|' * len(labels)]
@@ -131,6 +133,10 @@ def render_report(summary, labels):
     cells = [fmt.format(summary[l][key]) if summary[l].get(key) is not None
              else 'n/a' for l in labels]
     lines.append(f'| {title} | ' + ' | '.join(cells) + ' |')
+  first = summary[labels[0]]
+  lines += ['', 'sacreBLEU signatures: BLEU `' + first['bleu_signature'] +
+            '`, lowercased `' + first['bleu_lowercase_signature'] +
+            '`, chrF `' + first['chrf_signature'] + '`.']
   if 'max_loss_diff' in summary:
     lines += ['', f"Max |difference| between the per-step training losses: "
               f"**{summary['max_loss_diff']:.3g}**; test sentences decoded "

@@ -8,7 +8,6 @@ losses are those of the built-in ('trax'), bit for bit.
 """
 
 import dataclasses
-import functools
 import itertools
 import json
 import os
@@ -17,15 +16,16 @@ import time
 import numpy as np
 import trax
 from trax import layers as tl
-from trax import shapes
 from trax.supervised import lr_schedules
 from trax.supervised import training
 
 from trax_qkv import data as data_lib
 from trax_qkv import patches
-from trax_qkv.models import registry
+from trax_qkv.supervised import attention_maps
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
+from trax_qkv.supervised import locking
+from trax_qkv.supervised import model_dir
 from trax_qkv.supervised import scoring
 from trax_qkv.supervised.progress import Progress
 from trax_qkv.supervised.training import check_output_dir
@@ -57,13 +57,13 @@ class RecordingLoop(checkpointing.ResumableLoop):
     return [loss for _, loss in self.history.get('train', STEP_LOSS)]
 
 
-def model_factory(config, vocab_size, implementation):
-  return functools.partial(
-      registry.CrossAttentionTransformer, vocab_size,
-      d_model=config.d_model, d_ff=config.d_ff,
-      n_encoder_layers=config.n_layers, n_decoder_layers=config.n_layers,
-      n_heads=config.n_heads, max_len=max(2 * config.max_length, 64),
-      dropout=config.dropout, cross_attention=implementation)
+def model_settings(config, vocab_size, implementation):
+  """What `model_dir.transformer_fn` builds the model of a run from."""
+  return dict(vocab_size=vocab_size, cross_attention=implementation,
+              d_model=config.d_model, d_ff=config.d_ff,
+              n_encoder_layers=config.n_layers,
+              n_decoder_layers=config.n_layers, n_heads=config.n_heads,
+              max_len=max(2 * config.max_length, 64), dropout=config.dropout)
 
 
 def train_one(config, model_fn, train_batches, eval_batches, output_dir,
@@ -134,45 +134,14 @@ def beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
         source_ids[:n], batch, source_length, config.n_beams, decode_length,
         progress=progress)
   hypotheses = [vocab.decode(h) for h in ids]
-  return dict(scoring.scores(hypotheses, references[:n]), sentences=n,
+  return dict(scoring.scores(hypotheses, references[:n],
+                             config.bleu_tokenize), sentences=n,
               seconds=time.time() - start, hypotheses=hypotheses)
 
 
 def _eval_metric(loop, name):
   history = loop.history.get('eval', f'metrics/{name}')
   return float(history[-1][1]) if history else None
-
-
-def cross_attention_weights(model_fn, weights_file, source_ids, target_ids,
-                            n_decoder_layers):
-  """Per-layer (batch, heads, Lq, Lk) cross-attention weights from 'viz'.
-
-  Teacher-forces `target_ids` (e.g. the model's own decodes) and reads the
-  'viz' state of each decoder layer's PureAttention. Encoder self-attention
-  also contains a PureAttention and comes first in the layer tree; decoder
-  causal attention does not, so the last `n_decoder_layers` are the
-  cross-attention ones.
-  """
-  model = model_fn(mode='viz')
-  src = decoding.pad_rows(source_ids, max(len(s) for s in source_ids))
-  tgt = decoding.pad_rows(target_ids, max(len(t) for t in target_ids))
-  model.init_from_file(weights_file, weights_only=True,
-                       input_signature=shapes.signature((src, tgt)))
-  model((src, tgt))
-  found = []
-
-  def walk(layer):
-    if type(layer).__name__ == 'PureAttention':
-      found.append(np.asarray(layer.state))
-    for sub in layer.sublayers:
-      walk(sub)
-
-  walk(model)
-  return found[-n_decoder_layers:]
-
-
-def _pieces(vocab, ids):
-  return [vocab.decode([i]) if i != data_lib.EOS_ID else '<eos>' for i in ids]
 
 
 def _write_lines(path, lines):
@@ -195,9 +164,20 @@ def run_validation(config, output_dir, log=print):
   data = data_lib.translation_data(config.dataset, config.keys,
                                    config.source_dir, config.data_dir,
                                    config.vocab_size)
-  os.makedirs(output_dir, exist_ok=True)
+  with locking.hold_output_dir(output_dir):
+    return _run(config, output_dir, data, log)
+
+
+def _run(config, output_dir, data, log):
+  """run_validation once the data is prepared and output_dir is held."""
   config_lib.write_run_config(config, output_dir)
   vocab = data.vocab()
+  log(f'vocabulary: {vocab.vocab_size} subwords ({config.vocab_size} '
+      'requested)')
+  if vocab.vocab_size > 1.1 * config.vocab_size:
+    log(f'note: the subword builder cannot make a vocabulary smaller than '
+        f'the characters of the training text need; --vocab_size '
+        f'{config.vocab_size} became {vocab.vocab_size} subwords.')
   inputs = data_lib.TranslationInputs(data, max_length=config.max_length,
                                       batch_size=config.batch_size,
                                       seed=config.seed)
@@ -219,8 +199,11 @@ def run_validation(config, output_dir, log=print):
   results, histories, decodes = {}, {}, {}
   for name in config.implementations:
     log(f'== {name}: cross-attention {name!r}')
-    model_fn = model_factory(config, vocab.vocab_size, name)
+    settings = model_settings(config, vocab.vocab_size, name)
+    model_fn = model_dir.transformer_fn(settings)
     run_dir = os.path.join(output_dir, name)
+    model_dir.save(run_dir, settings,
+                   os.path.join(data.vocab_dir, data.vocab_file))
     loop, seconds = train_one(config, model_fn, train_batches, eval_batches,
                               run_dir, log)
     histories[name] = loop.step_losses
@@ -241,7 +224,7 @@ def run_validation(config, output_dir, log=print):
     beam = beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
                               references, source_length, decode_length, log)
     results[name] = dict(
-        scoring.scores(hypotheses, references),
+        scoring.scores(hypotheses, references, config.bleu_tokenize),
         **{f'beam_{k}': v for k, v in beam.items() if k != 'hypotheses'},
         final_loss=loop.step_losses[-1],
         eval_loss=_eval_metric(loop, 'WeightedCategoryCrossEntropy'),
@@ -256,18 +239,19 @@ def run_validation(config, output_dir, log=print):
     if name == mapped:
       n = min(config.heatmap_sentences, len(source_ids))
       targets = [vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
-      layers = cross_attention_weights(model_fn, checkpoint, source_ids[:n],
+      layers = attention_maps.cross_attention_weights(model_fn, checkpoint, source_ids[:n],
                                        targets, config.n_layers)
       for i in range(n):
         report.plot_heatmaps(
-            [w[i] for w in layers], _pieces(vocab, source_ids[i]),
-            _pieces(vocab, targets[i]),
+            [w[i] for w in layers], attention_maps.token_pieces(vocab, source_ids[i]),
+            attention_maps.token_pieces(vocab, targets[i]),
             os.path.join(output_dir, f'cross_attention_{i}.png'),
             f'{name}: "{sources[i]}" -> "{hypotheses[i]}"')
 
   names = list(histories)
   summary = dict(
-      dataset=data.name, keys=list(data.keys), steps=config.steps,
+      dataset=data.name, keys=list(data.keys), vocab_size=vocab.vocab_size,
+      steps=config.steps,
       seed=config.seed, test_sentences=len(references),
       config=dataclasses.asdict(config), **results)
   if len(names) >= 2:

@@ -1,0 +1,11 @@
+#!/usr/bin/env python3
+"""`trax-qkv-attention-map` from a checkout (trax_qkv/cli/attention_map.py)."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import trax_qkv_cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+if __name__ == '__main__':
+  sys.exit(trax_qkv_cli.run('attention_map'))

@@ -1,0 +1,65 @@
+"""trax-qkv-attention-map: what each cross-attention head of a trained model
+looks at, for a sentence of your own.
+
+  trax-qkv-attention-map --model_dir runs/validate/reference \\
+      --source "twenty-one" --output map.png
+  trax-qkv-attention-map --model_dir runs/m30k/reference --source "Ein Hund \\
+      rennt." --target "A dog runs." --format json --output map.json
+
+One PNG with a panel per decoder layer and head: source subwords on one
+axis, target subwords on the other, drawn in an installed font that has
+their glyphs. Without --target the model's own greedy translation is used.
+--format json writes the raw weights instead.
+"""
+
+import json
+import os
+import sys
+
+from trax_qkv import cli
+
+
+def build_parser():
+  parser = cli.new_parser('trax-qkv-attention-map', __doc__)
+  parser.add_argument('--model_dir', required=True,
+                      help='directory of a trained model, e.g. '
+                      'runs/validate/reference')
+  parser.add_argument('--source', required=True,
+                      help='the source sentence')
+  parser.add_argument('--target', default=None,
+                      help='the target sentence to teacher-force (default: '
+                      "the model's greedy translation)")
+  parser.add_argument('--output', default=None,
+                      help='file to write (default: attention_map.png, or '
+                      '.json with --format json)')
+  parser.add_argument('--format', choices=('png', 'json'), default='png',
+                      help='png: the map; json: the weights, per layer '
+                      '[head][target token][source token] (default: png)')
+  return parser
+
+
+def main(argv=None):
+  args = build_parser().parse_args(argv)
+  output = args.output or f'attention_map.{args.format}'
+  from trax_qkv.supervised import attention_maps  # pylint: disable=g-import-not-at-top
+  try:
+    source_tokens, target_tokens, weights, target = (
+        attention_maps.for_sentence(args.model_dir, args.source,
+                                    args.target))
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  if args.format == 'json':
+    with open(output, 'w', encoding='utf-8') as f:
+      json.dump({'source': args.source, 'target': target,
+                 'source_tokens': source_tokens,
+                 'target_tokens': target_tokens,
+                 'weights': [w.tolist() for w in weights]}, f,
+                ensure_ascii=False)
+  else:
+    from trax_qkv.validation import report  # pylint: disable=g-import-not-at-top
+    report.plot_heatmaps(weights, source_tokens, target_tokens, output,
+                         f'"{args.source}" -> "{target}"')
+  print(output)
+  return 0

@@ -1,0 +1,64 @@
+"""trax-qkv-translate: translate sentences with a trained model.
+
+  trax-qkv-translate --model_dir runs/validate/reference "twenty-one"
+  cat sentences.de | trax-qkv-translate --model_dir runs/m30k/reference --beam 4
+
+--model_dir is a model directory written by trax-qkv-validate (its
+checkpoint, model.json and vocabulary). Sentences come from the arguments,
+or one per line from standard input; one translation per line goes to
+standard output, progress to standard error.
+"""
+
+import sys
+
+from trax_qkv import cli
+
+
+def build_parser():
+  parser = cli.new_parser('trax-qkv-translate', __doc__)
+  parser.add_argument('sentences', nargs='*',
+                      help='sentences to translate (default: standard '
+                      'input, one per line)')
+  parser.add_argument('--model_dir', required=True,
+                      help='directory of a trained model, e.g. '
+                      'runs/validate/reference')
+  parser.add_argument('--beam', type=cli.positive_int, default=1,
+                      help='beam size; 1 decodes greedily (default: 1)')
+  parser.add_argument('--alpha', type=float, default=0.6,
+                      help='GNMT length penalty of beam search (default: '
+                      '0.6)')
+  parser.add_argument('--batch_size', type=cli.positive_int, default=32,
+                      help='sentences decoded at once (default: 32)')
+  parser.add_argument('--max_length', type=cli.positive_int, default=None,
+                      help='most tokens decoded per sentence (default: '
+                      'twice the longest source + 10, within the model\'s '
+                      'max_len)')
+  parser.add_argument('--implementation', default=None,
+                      help='cross-attention implementation to decode with, '
+                      "a registered name ('trax', 'reference', 'fused', "
+                      "'chunked', 'cudnn', 'auto'; default: the one the "
+                      'model was trained with)')
+  return parser
+
+
+def main(argv=None):
+  args = build_parser().parse_args(argv)
+  from trax_qkv.models import registry  # pylint: disable=g-import-not-at-top
+  from trax_qkv.supervised import translation  # pylint: disable=g-import-not-at-top
+  sentences = args.sentences
+  if not sentences and not sys.stdin.isatty():
+    sentences = sys.stdin.read().splitlines()
+  try:
+    if args.implementation is not None:
+      registry.resolve_cross_attention(args.implementation)
+    translations = translation.translate(
+        args.model_dir, sentences, n_beams=args.beam, alpha=args.alpha,
+        cross_attention=args.implementation, batch_size=args.batch_size,
+        max_length=args.max_length,
+        log=lambda line: print(line, file=sys.stderr))
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  for line in translations:
+    print(line)
+  return 0

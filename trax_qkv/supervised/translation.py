@@ -1,0 +1,74 @@
+"""Translating sentences with a trained model directory."""
+
+import numpy as np
+from trax import shapes
+
+from trax_qkv.supervised import decoding
+from trax_qkv.supervised import model_dir as model_dir_lib
+from trax_qkv.supervised.progress import Progress
+
+
+def default_max_length(settings, source_length):
+  """Decoded tokens at most: twice the source and 10, within max_len."""
+  return min(settings['max_len'], 2 * source_length + 10)
+
+
+def translate(model_dir, sentences, n_beams=1, alpha=0.6,
+              cross_attention=None, batch_size=32, max_length=None,
+              log=None):
+  """One translation per sentence, greedy (n_beams 1) or by beam search.
+
+  Args:
+    model_dir: a directory written by trax-qkv-validate (or its ModelDir).
+    sentences: source-language strings; an empty one translates to ''.
+    n_beams, alpha: beam size and GNMT length penalty.
+    cross_attention: a registered implementation name; default the one
+        the model was trained with (the checkpoint fits every one).
+    batch_size: sentences decoded at once.
+    max_length: most tokens decoded (default `default_max_length`).
+    log: if given, progress lines go to it (a bar on a terminal).
+  """
+  if not sentences:
+    raise ValueError('no sentences to translate: give them as arguments or '
+                     'one per line on standard input.')
+  for name, value in (('n_beams', n_beams), ('batch_size', batch_size)):
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f'{name} must be a positive int; got {value!r}.')
+  model = (model_dir if isinstance(model_dir, model_dir_lib.ModelDir)
+           else model_dir_lib.load(model_dir))
+  model_fn = model_dir_lib.transformer_fn(model.settings, cross_attention)
+  todo = [i for i, s in enumerate(sentences) if s.strip()]
+  sources = decoding.encode_sources(model.vocab,
+                                    [sentences[i] for i in todo])
+  if not sources:
+    return [''] * len(sentences)
+  source_length = max(len(s) for s in sources)
+  max_length = max_length or default_max_length(model.settings,
+                                                source_length)
+  probe = model_fn(mode='eval')
+  probe.init(shapes.signature((np.zeros((1, source_length), np.int32),
+                               np.zeros((1, 1), np.int32))))
+  model_dir_lib.check_fits(probe, model)
+  # Batches as trax-qkv-validate makes them, so decodes are the same.
+  batch = (min(batch_size, len(sources)) if n_beams == 1
+           else max(1, min(batch_size // n_beams, len(sources))))
+  prepared = decoding.predict_model(model_fn, model.checkpoint,
+                                    batch * n_beams, source_length,
+                                    max_length)
+  progress = (Progress(-(-len(sources) // batch), 'translating', log)
+              if log else None)
+  try:
+    if n_beams == 1:
+      ids = decoding.greedy_decode(prepared, sources, batch, source_length,
+                                   max_length, progress=progress)
+    else:
+      ids = decoding.beam_decode(prepared, sources, batch, source_length,
+                                 n_beams, max_length, alpha=alpha,
+                                 progress=progress)
+  finally:
+    if progress is not None:
+      progress.close()
+  out = [''] * len(sentences)
+  for i, hypothesis in zip(todo, ids):
+    out[i] = model.vocab.decode(hypothesis)
+  return out
