@@ -5,6 +5,8 @@ scripts/validate.py, SIGKILLed once a mid-run checkpoint exists; the restart
 is the same command (in this process, to save an import of TensorFlow).
 """
 
+import errno
+import itertools
 import json
 import os
 import signal
@@ -130,12 +132,15 @@ def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
 
 # ------------------------------------------------- atomic checkpoint writes
 
-def _tiny_loop(output_dir):
-  """A ResumableLoop on a 1-layer model that checkpoints every step."""
+def _tiny_loop(output_dir, nan_at_step=None):
+  """A ResumableLoop on a 1-layer model that checkpoints every step; with
+  `nan_at_step`, that step's batch holds a NaN."""
   def batches():
     rng = np.random.RandomState(0)
-    while True:
+    for step in itertools.count():  # batch 0 is TrainTask's shape sample
       x = rng.randn(4, 3).astype(np.float32)
+      if step == nan_at_step:
+        x[0, 0] = np.nan
       yield x, x.sum(axis=1, keepdims=True), np.ones((4, 1), np.float32)
   task = trax_training.TrainTask(batches(), tl.L2Loss(),
                                  trax.optimizers.Adam(0.01))
@@ -184,6 +189,42 @@ def test_kill_after_commit_is_completed_on_restart(tmp_path, monkeypatch):
   for a, b in zip(_weights(loop), _weights(restarted)):
     assert np.array_equal(a, b)
   assert np.array_equal(np.asarray(loop._rng), np.asarray(restarted._rng))  # pylint: disable=protected-access
+
+
+def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(
+    tmp_path):
+  loop = _tiny_loop(tmp_path, nan_at_step=4)
+  with pytest.raises(checkpointing.NonFiniteLossError,
+                     match=r'the training loss is nan at step 4, so training '
+                     r'stopped there; the last checkpoint in .* \(step 3\) '
+                     r'is the last good one'):
+    loop.run(10)
+  assert checkpointing.checkpoint_step(str(tmp_path)) == 3
+  restarted = _tiny_loop(tmp_path)
+  assert restarted.step == 3
+  assert all(np.all(np.isfinite(w)) for w in _weights(restarted))
+
+
+def test_disk_full_while_writing_keeps_the_previous_checkpoint(tmp_path,
+                                                               monkeypatch):
+  loop = _tiny_loop(tmp_path)
+  loop.run(2)
+  at_step_2 = _weights(loop)
+
+  def disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+  monkeypatch.setattr(trax_training, 'pickle_to_file', disk_full)
+  with pytest.raises(checkpointing.CheckpointWriteError,
+                     match=r'could not write the checkpoint of step 3 to .*'
+                     r'No space left on device.*The checkpoint there \(step '
+                     r'2\) is untouched'):
+    loop.run(1)
+  monkeypatch.undo()
+  assert not [n for n in os.listdir(tmp_path) if n.startswith('.')]
+  restarted = _tiny_loop(tmp_path)
+  assert restarted.step == 2
+  for a, b in zip(at_step_2, _weights(restarted)):
+    assert np.array_equal(a, b)
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path):

@@ -62,9 +62,9 @@ class TranslationData(collections.namedtuple(
     return load_vocab(self.vocab_dir, self.vocab_file)
 
 
-@gin.configurable(module='trax_qkv.data')
-def translation_data(dataset='trax_qkv_numbers', keys=('en', 'de'),
-                     source_dir=None, data_dir=None, vocab_size=2**10):
+def prepare_translation_data(dataset='trax_qkv_numbers', keys=('en', 'de'),
+                             source_dir=None, data_dir=None,
+                             vocab_size=2**10):
   """Prepares the data set and its vocabulary (once; cached) -> TranslationData.
 
   Args:
@@ -86,6 +86,11 @@ def translation_data(dataset='trax_qkv_numbers', keys=('en', 'de'),
   check_dataset(name, data_dir)
   vocab_dir, vocab_file = build_vocab(name, keys, vocab_size, data_dir)
   return TranslationData(name, keys, data_dir, vocab_dir, vocab_file)
+
+
+# The same, configurable from gin (whose errors carry a line naming it).
+translation_data = gin.external_configurable(
+    prepare_translation_data, 'translation_data', module='trax_qkv.data')
 
 
 class UnknownDatasetError(ValueError):

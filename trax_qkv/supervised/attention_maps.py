@@ -56,9 +56,16 @@ def for_sentence(model_dir, source, target=None):
     raise ValueError('source must be a non-empty sentence.')
   model = model_dir_lib.load(model_dir)
   if target is None:
-    target = translation.translate(model, [source])[0]
+    target_ids = translation.translate_ids(model, [source])[0] + [EOS_ID]
+    target = model.vocab.decode(target_ids[:-1])
+  else:
+    target_ids = model.vocab.encode(target) + [EOS_ID]
   source_ids = decoding.encode_sources(model.vocab, [source])[0]
-  target_ids = model.vocab.encode(target) + [EOS_ID]
+  longest = model.settings['max_len']
+  for name, ids in (('source', source_ids), ('target', target_ids)):
+    if len(ids) > longest:
+      raise ValueError(f'{name} has {len(ids)} subwords with EOS; the model '
+                       f'takes at most {longest} (its max_len).')
   layers = cross_attention_weights(
       model_dir_lib.transformer_fn(model.settings), model.checkpoint,
       [source_ids], [target_ids], model.settings['n_decoder_layers'])

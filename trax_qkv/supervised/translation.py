@@ -9,14 +9,24 @@ from trax_qkv.supervised.progress import Progress
 
 
 def default_max_length(settings, source_length):
-  """Decoded tokens at most: twice the source and 10, within max_len."""
-  return min(settings['max_len'], 2 * source_length + 10)
+  """Decoded tokens at most: twice the source and 10, and with EOS within
+  the model's max_len."""
+  return min(settings['max_len'] - 1, 2 * source_length + 10)
 
 
-def translate(model_dir, sentences, n_beams=1, alpha=0.6,
-              cross_attention=None, batch_size=32, max_length=None,
-              log=None):
-  """One translation per sentence, greedy (n_beams 1) or by beam search.
+def translate(model_dir, sentences, **options):
+  """One translation per sentence, greedy (n_beams 1) or by beam search;
+  `options` as for `translate_ids`."""
+  model = (model_dir if isinstance(model_dir, model_dir_lib.ModelDir)
+           else model_dir_lib.load(model_dir))
+  return [model.vocab.decode(ids) if ids is not None else ''
+          for ids in translate_ids(model, sentences, **options)]
+
+
+def translate_ids(model_dir, sentences, n_beams=1, alpha=0.6,
+                  cross_attention=None, batch_size=32, max_length=None,
+                  log=None):
+  """One list of token ids (no EOS) per sentence, None for a blank one.
 
   Args:
     model_dir: a directory written by trax-qkv-validate (or its ModelDir).
@@ -41,7 +51,7 @@ def translate(model_dir, sentences, n_beams=1, alpha=0.6,
   sources = decoding.encode_sources(model.vocab,
                                     [sentences[i] for i in todo])
   if not sources:
-    return [''] * len(sentences)
+    return [None] * len(sentences)
   source_length = max(len(s) for s in sources)
   max_length = max_length or default_max_length(model.settings,
                                                 source_length)
@@ -68,7 +78,7 @@ def translate(model_dir, sentences, n_beams=1, alpha=0.6,
   finally:
     if progress is not None:
       progress.close()
-  out = [''] * len(sentences)
+  out = [None] * len(sentences)
   for i, hypothesis in zip(todo, ids):
-    out[i] = model.vocab.decode(hypothesis)
+    out[i] = hypothesis
   return out

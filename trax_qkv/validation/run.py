@@ -161,9 +161,9 @@ def run_validation(config, output_dir, log=print):
   output_dir = check_output_dir(output_dir)
   config_lib.check_same_run(config, output_dir)
   log(f'preparing data {config.source_dir or config.dataset} ...')
-  data = data_lib.translation_data(config.dataset, config.keys,
-                                   config.source_dir, config.data_dir,
-                                   config.vocab_size)
+  data = data_lib.prepare_translation_data(
+      config.dataset, config.keys, config.source_dir, config.data_dir,
+      config.vocab_size)
   with locking.hold_output_dir(output_dir):
     return _run(config, output_dir, data, log)
 
