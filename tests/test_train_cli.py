@@ -7,7 +7,9 @@ import gin
 import pytest
 from trax.supervised import training as trax_training
 
+from trax_qkv.supervised import model_dir
 from trax_qkv.supervised import training
+from trax_qkv.supervised import translation
 from helpers import CONFIGS, command, tiny_train_bindings as _tiny_bindings
 
 train_script = command('train')
@@ -47,6 +49,13 @@ def test_trains_and_resumes(tmp_path, config):
   # As in a fresh 8-step run: metrics at steps 1 and 5 (the step-5
   # checkpoint is written after its eval), none repeated.
   assert [step for step, _ in history] == [1, 5]
+  # The run is a model directory: translate and attention maps read it.
+  loaded = model_dir.load(out)
+  assert loaded.settings['d_model'] == 32 and loaded.settings['max_len'] == 64
+  assert loaded.settings['cross_attention'] == (
+      'trax' if config == 'builtin.gin' else 'reference')
+  greedy, = translation.translate(out, ['twenty-one'], max_length=8)
+  assert isinstance(greedy, str)
 
 
 def test_checkpoint_of_another_model_size(tmp_path, capsys):

@@ -56,8 +56,9 @@ def predict_model(model_fn, weights_file, batch_size, source_length,
       DECODING_SCOPE, so that no other model sees it.
   """
   if max_length:
-    gin.bind_parameter(f'{DECODING_SCOPE}/trax.layers.CausalAttention.'
-                       'max_inference_length', max_length)
+    with gin.unlock_config():  # locked once a trainer has finalized it
+      gin.bind_parameter(f'{DECODING_SCOPE}/trax.layers.CausalAttention.'
+                         'max_inference_length', max_length)
   with gin.config_scope(DECODING_SCOPE if max_length else None):
     model = model_fn(mode='predict')
   signature = shapes.signature((np.zeros((batch_size, source_length),

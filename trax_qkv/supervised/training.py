@@ -9,9 +9,11 @@ Everything that can be wrong with the command line is checked before any
 training or writing.
 """
 
+import inspect
 import os
 
 import gin
+import trax.models
 from trax.supervised import trainer_lib
 
 import trax_qkv  # pylint: disable=unused-import  (configurables for configs)
@@ -19,6 +21,7 @@ import trax_qkv.data  # pylint: disable=unused-import
 from trax_qkv import patches
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import locking
+from trax_qkv.supervised import model_dir
 
 
 class ConfigError(ValueError):
@@ -66,4 +69,41 @@ def train_from_configs(config_files, bindings, output_dir):
   patches.reset_data_counters()
   with locking.hold_output_dir(output_dir), patches.trainer_loop_class(
       checkpointing.ResumableLoop):
-    return trainer_lib.train(output_dir=output_dir)
+    settings = translation_model_settings()
+    # Written before a fresh run (so that a killed one has it too), and
+    # after training (a resumed run's settings are checked against its
+    # checkpoint by then): never over the settings of another model.
+    if settings and not checkpointing.checkpoint_step(output_dir):
+      model_dir.save(output_dir, *settings)
+    loop = trainer_lib.train(output_dir=output_dir)
+    if settings:
+      model_dir.save(output_dir, *settings)
+    return loop
+
+
+def _bound(selector, name, default):
+  try:
+    return gin.query_parameter(f'{selector}.{name}')
+  except ValueError:  # not bound: the function's own default
+    return default
+
+
+def translation_model_settings():
+  """For a parsed config that trains trax.models.Transformer on
+  trax_qkv.data: (settings, vocabulary file) to save beside the checkpoint
+  (`model_dir`), so that trax-qkv-translate and trax-qkv-attention-map can
+  use the run. None for any other model or data."""
+  model = _bound('train', 'model', None)
+  vocab = _bound('Transformer', 'input_vocab_size', None)
+  if (getattr(model, 'selector', None) != 'trax.models.Transformer'
+      or getattr(vocab, 'selector', None)
+      != 'trax_qkv.data.translation_vocab_size'):
+    return None
+  defaults = inspect.signature(trax.models.Transformer).parameters
+  settings = {name: _bound('Transformer', name, defaults[name].default)
+              for name in model_dir.TRANSFORMER_SETTINGS}
+  data = trax_qkv.data.translation_data()
+  settings['vocab_size'] = data.vocab().vocab_size
+  settings['cross_attention'] = _bound(
+      'trax_qkv.EncoderDecoderAttention', 'implementation', 'trax')
+  return settings, os.path.join(data.vocab_dir, data.vocab_file)
