@@ -1,4 +1,4 @@
-"""Training from gin configs (the `scripts/train.py` trainer) and its checks.
+"""Training from gin configs (`trax-qkv-train`) and its checks.
 
 `python -m trax.trainer` no longer imports on current JAX; this is the same
 job: parse gin files and bindings, then `trax.supervised.trainer_lib.train`,
