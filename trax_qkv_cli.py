@@ -13,6 +13,7 @@ failing import still raises its own exception, with its traceback.
 """
 
 import contextlib
+import functools
 import importlib
 import logging
 import os
@@ -66,25 +67,10 @@ def run(command, argv=None):
   return module.main(argv)
 
 
-def train():
-  return run('train')
-
-
-def validate():
-  return run('validate')
-
-
-def bench():
-  return run('bench')
-
-
-def bench_kernels():
-  return run('bench_kernels')
-
-
-def translate():
-  return run('translate')
-
-
-def attention_map():
-  return run('attention_map')
+# The console_scripts of setup.cfg, one per module of trax_qkv.cli.
+train = functools.partial(run, 'train')
+validate = functools.partial(run, 'validate')
+translate = functools.partial(run, 'translate')
+attention_map = functools.partial(run, 'attention_map')
+bench = functools.partial(run, 'bench')
+bench_kernels = functools.partial(run, 'bench_kernels')
