@@ -205,6 +205,15 @@ def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(
   assert all(np.all(np.isfinite(w)) for w in _weights(restarted))
 
 
+def test_training_reports_progress_between_evals(tmp_path):
+  loop = _tiny_loop(tmp_path)
+  lines = []
+  loop.progress_log = lines.append
+  loop.run(10)
+  assert len(lines) == 10  # a line per tenth of the steps
+  assert lines[-1].startswith('training: 10/10 (') and ', loss ' in lines[-1]
+
+
 def test_disk_full_while_writing_keeps_the_previous_checkpoint(tmp_path,
                                                                monkeypatch):
   loop = _tiny_loop(tmp_path)

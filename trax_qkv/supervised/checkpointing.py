@@ -27,6 +27,8 @@ import numpy as np
 from trax import layers as tl
 from trax.supervised import training
 
+from trax_qkv.supervised.progress import Progress
+
 RNG_SUFFIX = '.rng.npy'
 _STAGING = '.{}.staging'
 _COMMITTED = '.{}.committed'
@@ -124,7 +126,11 @@ class ResumableLoop(training.Loop):
 
   Same constructor and behaviour as `training.Loop`; only when and how
   checkpoints are written and what they hold differ (see the module doc).
+  It also stops at a NaN or infinite loss, and reports progress between
+  evals to `progress_log` (None: nowhere).
   """
+
+  progress_log = print
 
   def __init__(self, *args, output_dir=None, **kwargs):
     if output_dir is not None:
@@ -132,6 +138,7 @@ class ResumableLoop(training.Loop):
     self._pending_checkpoints = []
     self._evals_done_at = None
     self._in_run = False
+    self._progress = None
     super().__init__(*args, output_dir=output_dir, **kwargs)
 
   def _run_one_step(self, task_index, task_changed):
@@ -145,14 +152,22 @@ class ResumableLoop(training.Loop):
           f'the training loss is {np.mean(np.asarray(loss))} at step '
           f'{self.step}, so training stopped there; {where}. Lower the '
           'learning rate or check the data before resuming.')
+    if self._progress is not None:
+      self._progress.update(loss=float(np.mean(np.asarray(loss))))
     return loss, stats
 
   def run(self, n_steps=1):
     self._in_run = True
+    if self.progress_log is not None:
+      self._progress = Progress(n_steps, 'training', self.progress_log,
+                                unit='step', every_seconds=120)
     try:
       super().run(n_steps)
     finally:
       self._in_run = False
+      if self._progress is not None:
+        self._progress.close()
+        self._progress = None
 
   def run_evals(self, summary_writers=None):
     super().run_evals(summary_writers)

@@ -39,17 +39,12 @@ class RecordingLoop(checkpointing.ResumableLoop):
   """A resumable training.Loop that keeps every step's training loss.
 
   The losses live in the Loop's history, so checkpoints carry them and a
-  resumed run reports the whole curve. `progress`, if set, is told of
-  every step.
+  resumed run reports the whole curve.
   """
-
-  progress = None
 
   def _run_one_step(self, task_index, task_changed):
     loss, stats = super()._run_one_step(task_index, task_changed)
     self.history.append('train', STEP_LOSS, self.step, float(loss))
-    if self.progress is not None:
-      self.progress.update(loss=float(loss))
     return loss, stats
 
   @property
@@ -101,10 +96,9 @@ def train_one(config, model_fn, train_batches, eval_batches, output_dir,
       eval_at=lambda step: step % config.eval_every == 0 or step == 1,
       checkpoint_at=lambda step: (step % config.eval_every == 0
                                   or step == config.steps))
+  loop.progress_log = log
   start = time.time()
-  with Progress(config.steps - loop.step, 'training', log, unit='step',
-                every_seconds=120) as loop.progress:
-    loop.run(config.steps - loop.step)
+  loop.run(config.steps - loop.step)
   seconds = time.time() - start
   log(f'trained steps {done + 1}-{config.steps} in {seconds:.1f} s, final '
       f'loss {loop.step_losses[-1]:.4f}')
