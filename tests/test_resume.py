@@ -77,7 +77,8 @@ def _assert_same_run(dir_a, dir_b):
   history_a, history_b = meta_a['history'], meta_b['history']
   for mode in ('train', 'eval'):
     for metric, values in history_a['_values'][mode].items():
-      if 'per second' in metric or 'timing' in metric:
+      if ('per second' in metric or 'timing' in metric
+          or metric.endswith('_seconds')):
         continue
       assert values == history_b['_values'][mode][metric], (mode, metric)
 
@@ -122,6 +123,14 @@ def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   step_losses = _checkpoint(str(resumed / 'reference'))[0]['history'][
       '_values']['train']['metrics/step_loss']
   assert [step for step, _ in step_losses] == list(range(1, 401))
+  # Training time adds up over the killed run and its restart: every step
+  # counted once.
+  step_seconds = _checkpoint(str(resumed / 'reference'))[0]['history'][
+      '_values']['train']['metrics/step_seconds']
+  assert [step for step, _ in step_seconds] == list(range(1, 401))
+  summary = json.loads((resumed / 'summary.json').read_text())['reference']
+  assert summary['train_seconds'] == pytest.approx(
+      sum(seconds for _, seconds in step_seconds))
   assert ((uninterrupted / 'decodes_reference.txt').read_text()
           == (resumed / 'decodes_reference.txt').read_text())
   scores = [json.loads((run / 'summary.json').read_text())['reference']

@@ -33,19 +33,37 @@ from trax_qkv.validation import config as config_lib
 from trax_qkv.validation import report
 
 STEP_LOSS = 'metrics/step_loss'  # history entry: every step's training loss
+# History entry: wall seconds since the previous step ended (evals and
+# checkpoints in between included), so a resumed run's training time adds up.
+STEP_SECONDS = 'metrics/step_seconds'
 
 
 class RecordingLoop(checkpointing.ResumableLoop):
   """A resumable training.Loop that keeps every step's training loss.
 
-  The losses live in the Loop's history, so checkpoints carry them and a
-  resumed run reports the whole curve.
+  The losses and step times live in the Loop's history, so checkpoints
+  carry them and a resumed run reports the whole curve and training time.
   """
+
+  _last_step_end = None
+
+  def run(self, n_steps=1):
+    self._last_step_end = time.time()
+    super().run(n_steps)
 
   def _run_one_step(self, task_index, task_changed):
     loss, stats = super()._run_one_step(task_index, task_changed)
     self.history.append('train', STEP_LOSS, self.step, float(loss))
+    now = time.time()
+    self.history.append('train', STEP_SECONDS, self.step,
+                        now - self._last_step_end)
+    self._last_step_end = now
     return loss, stats
+
+  @property
+  def train_seconds(self):
+    """Wall time of all steps so far, over every (resumed) run."""
+    return sum(s for _, s in self.history.get('train', STEP_SECONDS))
 
   @property
   def step_losses(self):
@@ -63,7 +81,8 @@ def model_settings(config, vocab_size, implementation):
 
 def train_one(config, model_fn, train_batches, eval_batches, output_dir,
               log=print):
-  """Trains from `config.seed`, or resumes; returns (loop, seconds).
+  """Trains from `config.seed`, or resumes; returns (loop, seconds of
+  training over every run that made the checkpoint).
 
   Step s trains on `train_batches[s % len]` (entry 0 is TrainTask's shape
   sample); a resumed run picks up at its checkpoint's step.
@@ -99,10 +118,10 @@ def train_one(config, model_fn, train_batches, eval_batches, output_dir,
   loop.progress_log = log
   start = time.time()
   loop.run(config.steps - loop.step)
-  seconds = time.time() - start
-  log(f'trained steps {done + 1}-{config.steps} in {seconds:.1f} s, final '
-      f'loss {loop.step_losses[-1]:.4f}')
-  return loop, seconds
+  log(f'trained steps {done + 1}-{config.steps} in {time.time() - start:.1f}'
+      f' s ({loop.train_seconds:.1f} s in all), final loss '
+      f'{loop.step_losses[-1]:.4f}')
+  return loop, loop.train_seconds
 
 
 def beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
