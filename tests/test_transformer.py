@@ -321,3 +321,17 @@ def test_first_release_names_still_work_with_a_deprecation_warning(old, new):
       gin.bind_parameter('trax_qkv.EncoderDecoderAttention.implementation',
                          old)
     trax.models.Transformer(VOCAB, mode='eval', **CONFIG)
+
+
+def test_use_cross_attention_scopes_every_transformer_built_inside():
+  with trax_qkv.use_cross_attention('fused'):
+    inside = trax.models.Transformer(VOCAB, mode='eval', **CONFIG)
+  outside = trax.models.Transformer(VOCAB, mode='eval', **CONFIG)
+  fused = [l for l in _walk(inside) if isinstance(l, trax_qkv.PureAttention)]
+  assert len(fused) == CONFIG['n_decoder_layers']
+  assert all(l._implementation == 'fused' for l in fused)  # pylint: disable=protected-access
+  assert not any(type(l).__module__.startswith('trax_qkv')
+                 for l in _walk(outside))
+  with pytest.raises(ValueError, match="got 'nope'"):
+    with trax_qkv.use_cross_attention('nope'):
+      pass
