@@ -57,11 +57,6 @@ def check_sparsity(name, sparsity, d_feature):
         f'd_feature ({d_feature}); got {sparsity!r}.')
 
 
-def check_choice(name, value, choices):
-  if value not in choices:
-    raise ValueError(f'{name} must be one of {tuple(choices)}; got {value!r}.')
-
-
 def _check_float(name, x):
   if not np.issubdtype(np.dtype(x.dtype), np.floating):
     raise TypeError(
