@@ -302,7 +302,7 @@ def test_registry_accepts_user_layers_and_rejects_unknown_names():
   trax_qkv.CrossAttentionTransformer(VOCAB, cross_attention='mine', **CONFIG)
   assert len(calls) == CONFIG['n_decoder_layers']
   assert calls[0]['cache_KV_in_predict'] is True
-  with pytest.raises(ValueError, match="cross-attention implementation must be one of .*'reference'.*got 'nope'"):
+  with pytest.raises(ValueError, match="cross_attention implementation must be one of .*'reference'.*got 'nope'"):
     trax_qkv.CrossAttentionTransformer(VOCAB, cross_attention='nope', **CONFIG)
 
 

@@ -10,17 +10,21 @@ exact resume, decoding, scoring) and `validation` are the translation
 pipeline; `benchmarks` times them; `cli` holds the console commands.
 
 Importing the package registers its gin configurables under the module
-`trax_qkv` (e.g. `@trax_qkv.AttentionQKV`) and makes the cross-attention of
-`trax.models.Transformer` selectable; the default stays Trax's own layer, so
-no model changes until you choose another. Without Trax installed only
+`trax_qkv` (e.g. `@trax_qkv.AttentionQKV`) and makes the attention layers of
+trax.models' Transformer family selectable per site (`use_attention`); the
+default stays Trax's own layers, so no model changes until you choose. Without Trax installed only
 `trax_qkv.kernels` (and `trax_qkv.benchmarks.kernels`) can be used.
 """
 
 __version__ = '0.2.0'
 
-_PUBLIC = ('AttentionQKV', 'PureAttention', 'CrossAttentionTransformer',
-           'EncoderDecoderAttention', 'cross_attention_implementations',
-           'register_cross_attention', 'use_cross_attention')
+_PUBLIC = ('Attention', 'AttentionQKV', 'CausalAttention',
+           'DotProductCausalAttention', 'PureAttention',
+           'CrossAttentionTransformer', 'DecoderSelfAttention',
+           'EncoderDecoderAttention', 'EncoderSelfAttention',
+           'attention_implementations', 'cross_attention_implementations',
+           'register_attention', 'register_cross_attention',
+           'use_attention', 'use_cross_attention')
 
 try:
   import trax as _trax  # pylint: disable=unused-import
@@ -29,12 +33,20 @@ except ImportError as _error:  # JAX alone: the kernels still work
 else:
   _TRAX_IMPORT_ERROR = None
   from trax_qkv import patches
+  from trax_qkv.layers import Attention
   from trax_qkv.layers import AttentionQKV
+  from trax_qkv.layers import CausalAttention
+  from trax_qkv.layers import DotProductCausalAttention
   from trax_qkv.layers import PureAttention
   from trax_qkv.models.registry import CrossAttentionTransformer
+  from trax_qkv.models.registry import DecoderSelfAttention
   from trax_qkv.models.registry import EncoderDecoderAttention
+  from trax_qkv.models.registry import EncoderSelfAttention
+  from trax_qkv.models.registry import attention_implementations
   from trax_qkv.models.registry import cross_attention_implementations
+  from trax_qkv.models.registry import register_attention
   from trax_qkv.models.registry import register_cross_attention
+  from trax_qkv.models.registry import use_attention
   from trax_qkv.models.registry import use_cross_attention
   patches.apply()
 

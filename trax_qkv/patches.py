@@ -2,8 +2,8 @@
 
 `apply()` runs once, when `trax_qkv` is imported (calling it again does
 nothing). None of these changes numerics or a model: the first three fix
-crashes of trax 1.4.1 on current JAX, the fourth makes cross-attention
-selectable with the built-in as default. They were written for the
+crashes of trax 1.4.1 on current JAX, the fourth makes the attention of
+trax.models' Transformers selectable, with the built-in as default. They were written for the
 versions in TESTED_VERSIONS; elsewhere `apply()` warns.
 
 1. `trax.fastmath.numpy.tree_unflatten`: resuming `training.Loop` from a
@@ -19,10 +19,11 @@ versions in TESTED_VERSIONS; elsewhere `apply()` warns.
    which now collapses such a sharded array onto CPU device 0 and `pmap`
    rejects it; an array already in CPU memory is left where it is.
 4. `trax.models.transformer.tl`: that module (and only it) sees a view of
-   `trax.layers` whose `AttentionQKV` is
-   `trax_qkv.models.registry.EncoderDecoderAttention`, a dispatcher whose
-   default is the built-in layer. trax.models.transformer calls
-   `tl.AttentionQKV` for cross-attention only.
+   `trax.layers` whose `Attention`, `CausalAttention` and `AttentionQKV`
+   are the dispatchers of `trax_qkv.models.registry` (one per site:
+   encoder self-attention, decoder self-attention, cross-attention), whose
+   default is the built-in layer. trax.models.transformer calls each of
+   these names in that one site only.
 
 Two more are scoped to a call, not applied at import:
 `trainer_loop_class` (trainer_lib builds the given Loop class, for our
@@ -103,13 +104,26 @@ def _on_cpu(x):
   return fastmath.nested_map(move, x)
 
 
-class _LayersWithPluggableCrossAttention(types.ModuleType):
-  """`trax.layers`, except that `AttentionQKV` dispatches through the registry."""
+class _LayersWithPluggableAttention(types.ModuleType):
+  """`trax.layers`, except that the attention layers of trax.models'
+  Transformers dispatch through the registry."""
+
+  # pylint: disable=invalid-name,g-import-not-at-top
+  @property
+  def Attention(self):
+    from trax_qkv.models import registry
+    return registry.EncoderSelfAttention
 
   @property
-  def AttentionQKV(self):  # pylint: disable=invalid-name
-    from trax_qkv.models import registry  # pylint: disable=g-import-not-at-top
+  def CausalAttention(self):
+    from trax_qkv.models import registry
+    return registry.DecoderSelfAttention
+
+  @property
+  def AttentionQKV(self):
+    from trax_qkv.models import registry
     return registry.EncoderDecoderAttention
+  # pylint: enable=invalid-name,g-import-not-at-top
 
   def __getattr__(self, name):
     return getattr(trax.layers, name)
@@ -135,7 +149,7 @@ def apply():
   trax.layers.for_n_devices = _for_n_devices
   acceleration.on_cpu = _on_cpu
   trax.layers.on_cpu = _on_cpu
-  trax_transformer.tl = _LayersWithPluggableCrossAttention('trax.layers')
+  trax_transformer.tl = _LayersWithPluggableAttention('trax.layers')
   _applied = True
 
 

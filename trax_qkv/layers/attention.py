@@ -121,7 +121,8 @@ class CheckedSerial(cb.Serial):
   naming the bad input) intact.
   """
 
-  def __init__(self, *sublayers, check_inputs, name=None):
+  def __init__(self, *sublayers, check_inputs, name='Serial'):
+    # Named 'Serial' so that the printed tree is the built-in's.
     super().__init__(*sublayers, name=name)
     self._check_inputs = check_inputs
 
@@ -273,3 +274,32 @@ def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: dis
   # the same three-layer wrapper is needed for identical init and dropout keys.
   wrapped = AssertFunction('bSq,blk,blv,b1xl->bSd,b1xl', attention)
   return CheckedSerial(*wrapped.sublayers, check_inputs=checks.check_qkv_inputs)
+
+
+@gin.configurable(module='trax_qkv', denylist=['mode'])
+def Attention(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: disable=invalid-name
+              implementation='reference'):
+  """Maps `(x, mask)` to `(new_x, mask)`: multi-head self-attention.
+
+  `trax.layers.Attention` (the encoder self-attention of Trax's
+  Transformers) is `AttentionQKV` with Q, K and V all read from x; so is
+  this, with our `AttentionQKV`. Same arguments as the built-in plus
+  `implementation` (see PureAttention); x is (batch, L, d_feature), mask
+  (batch, 1, 1, L).
+  """
+  layer = cb.Serial(
+      cb.Select([0, 0, 0]),
+      AttentionQKV(d_feature, n_heads=n_heads, dropout=dropout, mode=mode,
+                   implementation=implementation))
+  # The built-in's @assert_shape wrapper: part of its tree (see AttentionQKV).
+  wrapped = AssertFunction('bld,b11l->bld,b11l', layer)
+  return CheckedSerial(*wrapped.sublayers, check_inputs=_check_self_inputs)
+
+
+def _check_self_inputs(input_signature):
+  if not isinstance(input_signature, (tuple, list)) or len(
+      input_signature) != 2:
+    raise TypeError('inputs must be a tuple (x, mask); got '
+                    f'{type(input_signature).__name__}.')
+  x, mask = input_signature
+  checks.check_qkv_inputs((x, x, x, mask))

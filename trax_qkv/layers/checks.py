@@ -111,3 +111,23 @@ def check_qkv_inputs(inputs, n_heads=None):
           'mask must be broadcastable to (batch, 1, Lq, Lk) = '
           f'({batch}, 1, {lq}, {lk}), i.e. shape (batch or 1, 1, 1 or Lq, '
           f'Lk); got {shape}.')
+
+
+def check_causal_inputs(inputs):
+  """Checks a per-head (Q, K, V) tuple of arrays or ShapeDtypes: each
+  (batch * heads, L, d_head), one length for all three."""
+  if not isinstance(inputs, (tuple, list)) or len(inputs) != 3:
+    raise TypeError('inputs must be a tuple (Q, K, V); '
+                    f'got {type(inputs).__name__} of length '
+                    f'{len(inputs) if hasattr(inputs, "__len__") else "?"}.')
+  q, k, v = inputs
+  for name, x in (('Q', q), ('K', k), ('V', v)):
+    _check_rank3(name, x)
+    _check_float(name, x)
+  if not q.shape[:2] == k.shape[:2] == v.shape[:2]:
+    raise ValueError(
+        'Q, K and V must have the same (batch * heads, length); got Q '
+        f'{q.shape}, K {k.shape} and V {v.shape}.')
+  if q.shape[2] != k.shape[2]:
+    raise ValueError('Q and K must have the same feature size; got Q '
+                     f'{q.shape} and K {k.shape}.')

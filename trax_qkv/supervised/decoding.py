@@ -52,13 +52,15 @@ def predict_model(model_fn, weights_file, batch_size, source_length,
       the decoder self-attention caches, which Trax makes 2048 positions
       long: every step attends over all of them (masked), and beam search
       copies them when it re-orders beams. Set through a gin binding of
-      `trax.layers.CausalAttention.max_inference_length` scoped to
-      DECODING_SCOPE, so that no other model sees it.
+      `max_inference_length` of `trax.layers.CausalAttention` and of
+      `trax_qkv.CausalAttention`, scoped to DECODING_SCOPE, so that no
+      other model sees it.
   """
   if max_length:
     with gin.unlock_config():  # locked once a trainer has finalized it
-      gin.bind_parameter(f'{DECODING_SCOPE}/trax.layers.CausalAttention.'
-                         'max_inference_length', max_length)
+      for layer in ('trax.layers.CausalAttention', 'trax_qkv.CausalAttention'):
+        gin.bind_parameter(
+            f'{DECODING_SCOPE}/{layer}.max_inference_length', max_length)
   with gin.config_scope(DECODING_SCOPE if max_length else None):
     model = model_fn(mode='predict')
   signature = shapes.signature((np.zeros((batch_size, source_length),

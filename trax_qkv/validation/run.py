@@ -62,8 +62,10 @@ class RecordingLoop(checkpointing.ResumableLoop):
 
   @property
   def train_seconds(self):
-    """Wall time of all steps so far, over every (resumed) run."""
-    return sum(s for _, s in self.history.get('train', STEP_SECONDS))
+    """Wall time of all steps so far, over every (resumed) run; None when
+    the history lacks some steps' times (a checkpoint from before 0.2.0)."""
+    seconds = [s for _, s in self.history.get('train', STEP_SECONDS)]
+    return sum(seconds) if len(seconds) >= self.step else None
 
   @property
   def step_losses(self):
@@ -118,9 +120,11 @@ def train_one(config, model_fn, train_batches, eval_batches, output_dir,
   loop.progress_log = log
   start = time.time()
   loop.run(config.steps - loop.step)
+  total = loop.train_seconds
   log(f'trained steps {done + 1}-{config.steps} in {time.time() - start:.1f}'
-      f' s ({loop.train_seconds:.1f} s in all), final loss '
-      f'{loop.step_losses[-1]:.4f}')
+      ' s (' + (f'{total:.1f} s in all' if total is not None else
+                'earlier runs did not record step times') +
+      f'), final loss {loop.step_losses[-1]:.4f}')
   return loop, loop.train_seconds
 
 
