@@ -163,6 +163,24 @@ def test_causal_fast_paths_close_to_reference(implementation):
     np.testing.assert_allclose(g_f, g_r, atol=1e-5)
 
 
+@pytest.mark.parametrize('implementation', ['fused', 'chunked', 'auto'])
+def test_causal_fast_paths_in_predict_mode(implementation):
+  x = _x(2, 9, 16)
+  kw = dict(n_heads=4, max_inference_length=40)
+  weights, _ = tl.CausalAttention(16, mode='eval', **kw).init(
+      shapes.signature(x), rng=RNG)
+  out_r, state_r = _predict_step_by_step(
+      trax_qkv.CausalAttention(16, mode='predict', **kw), x, weights)
+  out_f, state_f = _predict_step_by_step(
+      trax_qkv.CausalAttention(16, mode='predict',
+                               implementation=implementation, **kw),
+      x, weights)
+  np.testing.assert_allclose(out_f, out_r, atol=1e-5)
+  np.testing.assert_allclose(jax.tree_util.tree_leaves(state_f)[0],
+                             jax.tree_util.tree_leaves(state_r)[0], atol=1e-5)
+  assert int(jax.tree_util.tree_leaves(state_f)[-1]) == 9
+
+
 def test_bad_inputs_raise_before_any_work():
   with pytest.raises(ValueError, match='max_inference_length'):
     trax_qkv.DotProductCausalAttention(max_inference_length=0)

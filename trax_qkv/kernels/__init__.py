@@ -15,12 +15,21 @@ function, operation for operation as trax 1.4.1 runs it, so bit-identical:
   'auto'       one of the above, chosen by `choose` for the device, shapes,
                dtype and dropout.
 
+Causal self-attention has its own functions (CAUSAL_FUNCTIONS, causal.py):
+'fused' and 'chunked' visit only the blocks on or below the diagonal (with
+cache-sized and with `chunked.DEFAULT_BLOCK_SIZE` blocks), 'cudnn' uses the
+kernel's causal flag; in predict mode they attend over the filled part of
+the cache only.
+
 `resolve` is the one place that turns a requested name into the one that
 runs; the layers call it once per call and pass the result down.
 """
 
+import functools
+
 import jax
 
+from trax_qkv.kernels import causal
 from trax_qkv.kernels import chunked
 from trax_qkv.kernels import cudnn
 from trax_qkv.kernels import fused
@@ -44,6 +53,23 @@ FUNCTIONS = {
     'chunked': chunked.chunked_attention,
     'cudnn': cudnn.cudnn_attention,
 }
+
+
+# Causal attention of per-head (rows, L, d_head) q, k, v:
+# f(q, k, v, dropout_rate=, dropout_rng=) -> float32 (rows, L, d_v).
+CAUSAL_FUNCTIONS = {
+    'reference': lambda q, k, v, **kw: reference.dot_product_attention(
+        q, k, v, causal_mask(q.shape[1]), 1, **kw)[0],
+    'fused': causal.causal_attention,
+    'chunked': functools.partial(causal.causal_attention,
+                                 block=chunked.DEFAULT_BLOCK_SIZE),
+    'cudnn': cudnn.cudnn_causal_attention,
+}
+
+
+def causal_mask(length):
+  """(1, 1, length, length) bool: query i may attend to keys 0..i."""
+  return jax.numpy.tril(jax.numpy.ones((1, 1, length, length), bool))
 
 
 def check_implementation(implementation, name='implementation'):
@@ -80,6 +106,19 @@ def resolve(implementation, q, k, n_heads, dropout_rate):
   if implementation == 'cudnn':
     cudnn.check_supported(q.dtype, dropout_rate)
   return implementation
+
+
+def resolve_causal(implementation, q, k, dropout_rate, predict=False):
+  """`resolve` for causal attention of per-head (rows, L, d_head) inputs.
+
+  In predict mode, 'auto' off the GPU runs 'fused': over the filled part
+  of the cache it always does less than the reference over all of it.
+  """
+  if (implementation == 'auto' and predict
+      and cudnn.unsupported_reason(q.dtype) is not None
+      and jax.default_backend() != 'gpu'):
+    return 'fused'
+  return resolve(implementation, q, k, 1, dropout_rate)
 
 
 def attend(q, k, v, mask, n_heads, dropout_rate=0.0, dropout_rng=None,

@@ -54,3 +54,14 @@ def cudnn_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
   out = jax.nn.dot_product_attention(qh, kh, vh, mask=mask,
                                      implementation='cudnn')
   return out.reshape(q.shape[:2] + (v.shape[-1],)).astype(jnp.float32)
+
+
+def cudnn_causal_attention(q, k, v, dropout_rate=0.0, dropout_rng=None):
+  """Causal attention of per-head (rows, L, d_head) inputs through cuDNN's
+  causal flag (no mask array); float32 (rows, L, d_v)."""
+  del dropout_rng
+  check_supported(q.dtype, dropout_rate)
+  out = jax.nn.dot_product_attention(q[:, :, None], k[:, :, None],
+                                     v[:, :, None], is_causal=True,
+                                     implementation='cudnn')
+  return out[:, :, 0].astype(jnp.float32)

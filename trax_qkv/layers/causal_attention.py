@@ -104,7 +104,9 @@ class DotProductCausalAttention(base.Layer):
     """What runs for inputs shaped like q and k ('viz' runs 'reference')."""
     if self._mode == 'viz':
       return 'reference'
-    return kernels.resolve(self._implementation, q, k, 1, self.dropout_rate)
+    return kernels.resolve_causal(self._implementation, q, k,
+                                  self.dropout_rate,
+                                  predict=self._mode == 'predict')
 
   def init(self, input_signature, rng=None, use_cache=False):
     # Checked here: Trax re-raises anything from inside init as LayerError.
@@ -120,23 +122,27 @@ class DotProductCausalAttention(base.Layer):
   def forward(self, inputs):
     checks.check_causal_inputs(inputs)
     q, k, v = inputs
+    implementation = self.implementation_for(q, k)
     if self._mode == 'predict':
+      index = self.state[2]
       self.state, mask = append_to_cache(self.state, k, v)
       k, v, _ = self.state
+      if implementation in ('fused', 'chunked'):
+        return kernels.causal.cached_attention(q, k, v, index)
+    elif implementation != 'reference':
+      return kernels.CAUSAL_FUNCTIONS[implementation](
+          q, k, v, dropout_rate=self.dropout_rate, dropout_rng=self.rng)
     else:
       mask = causal_mask(q.shape[1])
-    implementation = self.implementation_for(q, k)
     # The heads are already in the batch axis: one head per batch entry.
-    if implementation == 'reference':
-      activations, weights = kernels.reference.dot_product_attention(
-          q, k, v, mask[:, None], 1, dropout_rate=self.dropout_rate,
-          dropout_rng=self.rng)
-      if self._mode == 'viz':
-        self.state = weights[:, 0]
-      return activations
-    return kernels.FUNCTIONS[implementation](
+    if implementation == 'cudnn':  # predict mode: the cache's mask
+      return kernels.FUNCTIONS['cudnn'](q, k, v, mask[:, None], 1)
+    activations, weights = kernels.reference.dot_product_attention(
         q, k, v, mask[:, None], 1, dropout_rate=self.dropout_rate,
         dropout_rng=self.rng)
+    if self._mode == 'viz':
+      self.state = weights[:, 0]
+    return activations
 
 
 @assert_shape('bld->bld')

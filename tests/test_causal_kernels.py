@@ -1,0 +1,114 @@
+"""The causal kernels (kernels/causal.py) against the reference with a
+lower-triangular mask: float32, 1e-5, forward and gradients."""
+
+import functools
+
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from trax_qkv import kernels
+from trax_qkv.kernels import causal
+
+RTOL = 1e-5
+
+
+def _relative_error(got, expected):
+  """Max |difference| relative to the largest expected value, or absolute
+  below 1 (a gradient that is 0 in exact arithmetic, one key, say)."""
+  return float(jnp.abs(got - expected).max()
+               / jnp.maximum(jnp.abs(expected).max(), 1.0))
+
+
+def _qkv(rows, length, d, seed=0):
+  keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+  return tuple(jax.random.normal(key, (rows, length, d)) for key in keys)
+
+
+def _reference(q, k, v):
+  return kernels.CAUSAL_FUNCTIONS['reference'](q, k, v)
+
+
+@hypothesis.settings(max_examples=15, deadline=None)
+@hypothesis.given(rows=st.integers(1, 5), length=st.integers(1, 70),
+                  d=st.sampled_from([4, 8]),
+                  block=st.sampled_from([8, 16, 128]),
+                  step_elements=st.sampled_from([64, 2 ** 19]))
+def test_forward_and_gradients_match_reference(rows, length, d, block,
+                                               step_elements):
+  q, k, v, cotangent = _qkv(rows, length, d, seed=length)
+  attend = functools.partial(causal.causal_attention, block=block,
+                             step_elements=step_elements)
+
+  def value_and_grads(f):
+    return jax.value_and_grad(lambda q, k, v: jnp.sum(f(q, k, v) * cotangent),
+                              argnums=(0, 1, 2))(q, k, v)
+  assert _relative_error(attend(q, k, v), _reference(q, k, v)) < RTOL
+  (_, got), (_, expected) = value_and_grads(attend), value_and_grads(
+      _reference)
+  for g, e in zip(got, expected):
+    assert _relative_error(g, e) < RTOL
+
+
+def test_tiles_take_whole_rows_while_the_logits_fit():
+  tiles = causal._tiles  # pylint: disable=protected-access
+  assert tiles(16, 2048, 128, 2 ** 19) == (16, 128)   # all rows per step
+  assert tiles(1024, 64, 128, 2 ** 19) == (128, 64)   # short: whole length
+  assert tiles(6, 5, 128, 2 ** 19) == (6, 8)          # 8-aligned block
+  assert tiles(7, 300, 128, 100) == (1, 128)          # at least one row
+
+
+@pytest.mark.parametrize('block', [8, 128])
+def test_dropout_gradient_matches_forward_mode_derivative(block):
+  """With dropout the hand-written backward agrees with JAX's forward-mode
+  derivative of the same forward pass (same masks), in random directions."""
+  q, k, v, cotangent = _qkv(3, 37, 8, seed=1)
+  rng = jax.random.PRNGKey(4)
+  tiles = causal._tiles(3, 37, block, 2 ** 19)  # pylint: disable=protected-access
+  pad = -37 % tiles[1]
+  q, k, v, cotangent = (jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
+                        for x in (q, k, v, cotangent))
+
+  def forward(q, k, v):
+    return causal._causal_forward(q, k, v, tiles, 0.3, rng)[0]  # pylint: disable=protected-access
+  grads = jax.grad(
+      lambda q, k, v: jnp.sum(causal._causal_core(  # pylint: disable=protected-access
+          q, k, v, tiles, 0.3, rng) * cotangent), argnums=(0, 1, 2))(q, k, v)
+  for seed in range(3):
+    directions = _qkv(3, q.shape[1], 8, seed=10 + seed)[:3]
+    _, tangent = jax.jvp(forward, (q, k, v), directions)
+    expected = jnp.sum(tangent * cotangent)
+    got = sum(jnp.sum(g * t) for g, t in zip(grads, directions))
+    np.testing.assert_allclose(got, expected, rtol=1e-4)
+
+
+def test_dropout_keeps_expectation():
+  q, k, v, _ = _qkv(2, 24, 8)
+  no_dropout = causal.causal_attention(q, k, v, block=8)
+  samples = jax.jit(jax.vmap(lambda rng: causal.causal_attention(
+      q, k, v, 0.2, rng, block=8)))(jax.random.split(jax.random.PRNGKey(0),
+                                                     300))
+  assert not np.allclose(samples[0], no_dropout)
+  np.testing.assert_allclose(samples.mean(0), no_dropout, atol=0.15)
+
+
+@pytest.mark.parametrize('index,new', [(0, 1), (0, 5), (13, 1), (30, 3),
+                                       (39, 1)])
+def test_cached_attention_reads_the_filled_part_only(index, new):
+  q, k, v, _ = _qkv(4, 40, 8, seed=index)
+  expected = _reference(q, k, v)[:, index:index + new]
+  filled = (jnp.arange(40) < index + new)[None, :, None]
+  # Large values past the filled part: they must get no weight.
+  ks, vs = (jnp.where(filled, x, 1e4) for x in (k, v))
+  got = jax.jit(causal.cached_attention, static_argnames='block')(
+      q[:, index:index + new], ks, vs, jnp.array(index), block=16)
+  assert _relative_error(got, expected) < RTOL
+
+
+def test_auto_in_predict_mode_reads_the_filled_part_off_the_gpu():
+  q, k = jnp.zeros((2, 1, 8)), jnp.zeros((2, 2048, 8))
+  expected = 'reference' if jax.default_backend() == 'gpu' else 'fused'
+  assert kernels.resolve_causal('auto', q, k, 0.0, predict=True) == expected

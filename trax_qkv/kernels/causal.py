@@ -1,0 +1,235 @@
+"""Causal attention in blocks: the tiles above the diagonal are never computed.
+
+Causal self-attention lets query i see keys 0..i, so half of the (L, L)
+logits that the reference computes -- and then masks -- are wasted. Here
+queries and keys are cut into blocks of `block` positions; query block i
+visits key blocks 0..i with an online softmax (as flash attention does), and
+only the diagonal block is masked. The hand-written backward pass visits the
+same blocks, recomputing each block's weights from the saved logsumexp, so
+memory holds one step's logits, not (L, L) of them.
+
+Inputs carry the heads in the batch axis, (batch * heads, L, d_head), as
+`trax.layers.DotProductCausalAttention` receives them. A loop step takes
+several of those rows at once (`_tiles`), so short sequences still run in
+few, cache-sized steps. Dropout masks are drawn per step (same rate, other
+bits than the reference's).
+
+`cached_attention` is the predict-mode counterpart: new queries over a
+key/value cache of which only the first `index + new` positions are filled;
+it visits those blocks only.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from trax_qkv.kernels import common
+from trax_qkv.kernels.reference import MASK_FILL
+
+# Logits per loop step, as in 'fused' (fused.DEFAULT_STEP_ELEMENTS).
+DEFAULT_STEP_ELEMENTS = 2 ** 19
+DEFAULT_BLOCK = 128
+_NEG_INF = -1e30  # initial running max: below any logit, MASK_FILL included
+
+
+def _tiles(rows, length, block, target):
+  """(rows per step, block length): the block is `block`, or the whole
+  (8-aligned) length when shorter; rows are the largest divisor of `rows`
+  whose logits fit `target` floats (at least one)."""
+  block = min(block, -(-length // 8) * 8)
+  fitting = [g for g in range(1, rows + 1)
+             if rows % g == 0 and g * block * block <= target]
+  return (max(fitting) if fitting else 1), block
+
+
+class _Blocks:
+  """Where step (tile, query block i, key block j) reads and writes."""
+
+  def __init__(self, q, tiles):
+    self.rows, self.length, self.d_head = q.shape
+    self.tile_rows, self.block = tiles
+    self.n_blocks = self.length // self.block
+    self.n_steps = (self.rows // self.tile_rows) * self.n_blocks
+    self.scale = jnp.asarray(1.0 / self.d_head ** 0.5, q.dtype)
+    self.diagonal = jnp.tril(jnp.ones((self.block, self.block), bool))
+
+  def origin(self, step):
+    """(first row, query block) of an outer step."""
+    return step // self.n_blocks * self.tile_rows, step % self.n_blocks
+
+  def read(self, x, row, block):
+    return jax.lax.dynamic_slice(
+        x, (row, block * self.block, 0),
+        (self.tile_rows, self.block, x.shape[-1]))
+
+  def write(self, x, values, row, block):
+    return jax.lax.dynamic_update_slice(x, values.astype(x.dtype),
+                                        (row, block * self.block, 0))
+
+  def logits(self, q_block, k_block, i, j):
+    """Masked only on the diagonal: every key of an earlier block is
+    before every query of block i."""
+    logits = jnp.einsum('gqd,gkd->gqk', q_block, k_block,
+                        preferred_element_type=jnp.float32)
+    return jnp.where((i != j) | self.diagonal, logits, MASK_FILL)
+
+  def keep(self, rng, rate, step, j, shape):
+    if rate == 0.0:
+      return None
+    return common.keep_mask(rng, step * self.n_blocks + j, rate, shape)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _causal_core(q, k, v, tiles, rate, rng):
+  return _causal_forward(q, k, v, tiles, rate, rng)[0]
+
+
+def _causal_forward(q, k, v, tiles, rate, rng):
+  blocks = _Blocks(q, tiles)
+  q = q * blocks.scale  # once; the backward reads the scaled q
+
+  def one_step(step, carry):
+    out, lse = carry
+    row, i = blocks.origin(step)
+    q_block = blocks.read(q, row, i)
+
+    def one_key_block(j, inner):
+      running_max, denominator, numerator = inner
+      logits = blocks.logits(q_block, blocks.read(k, row, j), i, j)
+      new_max = jnp.maximum(running_max, logits.max(axis=-1, keepdims=True))
+      correction = jnp.exp(running_max - new_max)
+      p = jnp.exp(logits - new_max)
+      denominator = denominator * correction + p.sum(axis=-1, keepdims=True)
+      keep = blocks.keep(rng, rate, step, j, p.shape)
+      if keep is not None:
+        p = common.dropped(p, keep, rate)
+      numerator = numerator * correction + jnp.einsum(
+          'gqk,gkd->gqd', p, blocks.read(v, row, j),
+          preferred_element_type=jnp.float32)
+      return new_max, denominator, numerator
+
+    shape = (blocks.tile_rows, blocks.block, 1)
+    running_max, denominator, numerator = jax.lax.fori_loop(
+        0, i + 1, one_key_block,
+        (jnp.full(shape, _NEG_INF, jnp.float32), jnp.zeros(shape, jnp.float32),
+         jnp.zeros(shape[:2] + (v.shape[-1],), jnp.float32)))
+    step_lse = running_max + jnp.log(denominator)
+    return (blocks.write(out, numerator / denominator, row, i),
+            blocks.write(lse, step_lse, row, i))
+
+  out = jnp.zeros(q.shape[:2] + (v.shape[-1],), jnp.float32)
+  lse = jnp.zeros(q.shape[:2] + (1,), jnp.float32)
+  out, lse = jax.lax.fori_loop(0, blocks.n_steps, one_step, (out, lse))
+  return out, (q, k, v, rng, out, lse)
+
+
+def _causal_backward(tiles, rate, residuals, d_out):
+  """Flash-attention's backward over the same blocks: per query block, the
+  weights of key blocks 0..i are recomputed from the saved logsumexp; dQ
+  gathers in the step, dK and dV are added into their key block."""
+  q, k, v, rng, out, lse = residuals
+  blocks = _Blocks(q, tiles)
+  row_sums_all = jnp.sum(d_out * out, axis=-1, keepdims=True)
+
+  def one_step(step, carry):
+    d_q, d_k, d_v = carry
+    row, i = blocks.origin(step)
+    q_block = blocks.read(q, row, i)
+    d_out_block = blocks.read(d_out, row, i)
+    lse_block = blocks.read(lse, row, i)
+    row_sums = blocks.read(row_sums_all, row, i)
+
+    def one_key_block(j, inner):
+      d_q_block, d_k, d_v = inner
+      k_block, v_block = blocks.read(k, row, j), blocks.read(v, row, j)
+      weights = jnp.exp(blocks.logits(q_block, k_block, i, j) - lse_block)
+      d_weights = jnp.einsum('gqd,gkd->gqk', d_out_block, v_block)
+      kept, d_logits = common.softmax_backward(
+          weights, d_weights, row_sums, lse_block, rate,
+          blocks.keep(rng, rate, step, j, weights.shape))
+      d_q_block = d_q_block + jnp.einsum('gqk,gkd->gqd', d_logits, k_block)
+      d_k = blocks.write(d_k, blocks.read(d_k, row, j) + jnp.einsum(
+          'gqk,gqd->gkd', d_logits, q_block), row, j)
+      d_v = blocks.write(d_v, blocks.read(d_v, row, j) + jnp.einsum(
+          'gqk,gqd->gkd', kept, d_out_block), row, j)
+      return d_q_block, d_k, d_v
+
+    d_q_block, d_k, d_v = jax.lax.fori_loop(
+        0, i + 1, one_key_block,
+        (jnp.zeros(q_block.shape, jnp.float32), d_k, d_v))
+    return blocks.write(d_q, d_q_block * blocks.scale, row, i), d_k, d_v
+
+  zeros = tuple(jnp.zeros(x.shape, jnp.float32) for x in (q, k, v))
+  d_q, d_k, d_v = jax.lax.fori_loop(0, blocks.n_steps, one_step, zeros)
+  return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype),
+          None)
+
+
+_causal_core.defvjp(_causal_forward, _causal_backward)
+
+
+def causal_attention(q, k, v, dropout_rate=0.0, dropout_rng=None,
+                     block=DEFAULT_BLOCK, step_elements=DEFAULT_STEP_ELEMENTS):
+  """Causal attention of per-head (rows, L, d_head) q, k, v; float32.
+
+  What `reference.dot_product_attention` computes with a lower-triangular
+  mask (within float32 rounding), visiting only the blocks on or below the
+  diagonal, forward and backward.
+  """
+  rows, length, _ = q.shape
+  tiles = _tiles(rows, length, block, step_elements)
+  pad = -length % tiles[1]
+  if pad:  # padded keys come after every real query, so causality hides them
+    q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (q, k, v))
+  if dropout_rng is None:
+    dropout_rng = jax.random.PRNGKey(0)  # unused when dropout_rate == 0
+  out = _causal_core(q, k, v, tiles, float(dropout_rate), dropout_rng)
+  return out[:, :length]
+
+
+def cached_attention(q, ks, vs, index, block=DEFAULT_BLOCK):
+  """Predict mode: new queries over the filled part of a key/value cache.
+
+  Args:
+    q: (rows, new, d_head) queries of positions index .. index + new - 1.
+    ks, vs: (rows, max_length, d) caches, the new keys and values written.
+    index: the position of the first new query (a traced scalar).
+    block: cache positions per loop step.
+
+  Returns:
+    float32 (rows, new, d_v): what the reference computes over the whole
+    cache with the causal mask, from ceil((index + new) / block) blocks.
+  """
+  rows, new, d_head = q.shape
+  max_length = ks.shape[1]
+  block = min(block, max_length)
+  pad = -max_length % block
+  if pad:
+    ks, vs = (jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (ks, vs))
+  q = q * jnp.asarray(1.0 / d_head ** 0.5, q.dtype)
+  positions = index + jnp.arange(new)[:, None]  # (new, 1)
+
+  def one_block(j, carry):
+    running_max, denominator, numerator = carry
+    k_block = jax.lax.dynamic_slice_in_dim(ks, j * block, block, 1)
+    v_block = jax.lax.dynamic_slice_in_dim(vs, j * block, block, 1)
+    logits = jnp.einsum('gqd,gkd->gqk', q, k_block,
+                        preferred_element_type=jnp.float32)
+    visible = j * block + jnp.arange(block)[None, :] <= positions
+    logits = jnp.where(visible, logits, MASK_FILL)
+    new_max = jnp.maximum(running_max, logits.max(axis=-1, keepdims=True))
+    correction = jnp.exp(running_max - new_max)
+    p = jnp.exp(logits - new_max)
+    return (new_max, denominator * correction + p.sum(axis=-1, keepdims=True),
+            numerator * correction + jnp.einsum(
+                'gqk,gkd->gqd', p, v_block,
+                preferred_element_type=jnp.float32))
+
+  shape = (rows, new, 1)
+  n_blocks = (index + new + block - 1) // block
+  _, denominator, numerator = jax.lax.fori_loop(
+      0, n_blocks, one_block,
+      (jnp.full(shape, _NEG_INF, jnp.float32), jnp.zeros(shape, jnp.float32),
+       jnp.zeros((rows, new, vs.shape[-1]), jnp.float32)))
+  return numerator / denominator
