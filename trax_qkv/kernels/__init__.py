@@ -58,8 +58,8 @@ FUNCTIONS = {
 # Causal attention of per-head (rows, L, d_head) q, k, v:
 # f(q, k, v, dropout_rate=, dropout_rng=) -> float32 (rows, L, d_v).
 CAUSAL_FUNCTIONS = {
-    'reference': lambda q, k, v, **kw: reference.dot_product_attention(
-        q, k, v, causal_mask(q.shape[1]), 1, **kw)[0],
+    'reference': lambda q, k, v, **kw: reference.per_head_attention(
+        q, k, v, causal_mask(q.shape[1]), **kw)[0],
     'fused': causal.causal_attention,
     'chunked': functools.partial(causal.causal_attention,
                                  block=chunked.DEFAULT_BLOCK_SIZE),
@@ -68,8 +68,8 @@ CAUSAL_FUNCTIONS = {
 
 
 def causal_mask(length):
-  """(1, 1, length, length) bool: query i may attend to keys 0..i."""
-  return jax.numpy.tril(jax.numpy.ones((1, 1, length, length), bool))
+  """(1, length, length) bool: query i may attend to keys 0..i."""
+  return jax.numpy.tril(jax.numpy.ones((1, length, length), bool))
 
 
 def check_implementation(implementation, name='implementation'):

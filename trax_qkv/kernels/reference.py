@@ -67,6 +67,20 @@ def attention_dropout(weights, rate, rng):
   return jnp.where(keep, weights / (1.0 - rate), jnp.zeros_like(weights))
 
 
+def per_head_attention(q, k, v, mask, dropout_rate=0.0, dropout_rng=None):
+  """Attention of per-head arrays: (..., Lq, d_head) q, (..., Lk, d_head) k,
+  (..., Lk, d_v) v, mask broadcastable to (..., Lq, Lk).
+
+  Trax's `_per_head_attention`, operation for operation. Returns float32
+  (activations, weights after dropout).
+  """
+  weights = attention_weights(q, k, mask)
+  if dropout_rate > 0.0:
+    weights = attention_dropout(weights, dropout_rate, dropout_rng)
+  return (jnp.matmul(weights, v).astype(jnp.float32),
+          weights.astype(jnp.float32))
+
+
 def dot_product_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
                           dropout_rng=None):
   """Multi-head attention over already-projected queries, keys and values.
@@ -89,9 +103,7 @@ def dot_product_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
     (batch, n_heads, Lq, Lk) attention weights (after dropout, as Trax
     reports them in 'viz' mode).
   """
-  weights = attention_weights(split_heads(q, n_heads), split_heads(k, n_heads),
-                              mask)
-  if dropout_rate > 0.0:
-    weights = attention_dropout(weights, dropout_rate, dropout_rng)
-  per_head = jnp.matmul(weights, split_heads(v, n_heads)).astype(jnp.float32)
-  return merge_heads(per_head), weights.astype(jnp.float32)
+  per_head, weights = per_head_attention(
+      split_heads(q, n_heads), split_heads(k, n_heads),
+      split_heads(v, n_heads), mask, dropout_rate, dropout_rng)
+  return merge_heads(per_head), weights

@@ -28,11 +28,6 @@ from trax_qkv.kernels import cudnn
 from trax_qkv.layers import checks
 
 
-def causal_mask(length):
-  """(1, length, length) bool: query i may attend to keys 0..i."""
-  return jnp.tril(jnp.ones((1, length, length), dtype=bool), k=0)
-
-
 def empty_cache(input_signature, max_length):
   """The predict-mode state before the first token: zero key and value
   buffers of `max_length` positions, and the next position, 0."""
@@ -133,15 +128,14 @@ class DotProductCausalAttention(base.Layer):
       return kernels.CAUSAL_FUNCTIONS[implementation](
           q, k, v, dropout_rate=self.dropout_rate, dropout_rng=self.rng)
     else:
-      mask = causal_mask(q.shape[1])
-    # The heads are already in the batch axis: one head per batch entry.
+      mask = kernels.causal_mask(q.shape[1])
     if implementation == 'cudnn':  # predict mode: the cache's mask
       return kernels.FUNCTIONS['cudnn'](q, k, v, mask[:, None], 1)
-    activations, weights = kernels.reference.dot_product_attention(
-        q, k, v, mask[:, None], 1, dropout_rate=self.dropout_rate,
-        dropout_rng=self.rng)
+    # The heads are already in the batch axis, as in Trax's own math.
+    activations, weights = kernels.reference.per_head_attention(
+        q, k, v, mask, dropout_rate=self.dropout_rate, dropout_rng=self.rng)
     if self._mode == 'viz':
-      self.state = weights[:, 0]
+      self.state = weights
     return activations
 
 
