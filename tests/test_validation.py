@@ -59,6 +59,11 @@ def test_bad_config_is_rejected_before_any_work(tmp_path):
     validation.run_validation(
         config_lib.ValidationConfig(implementations=('nope',)),
         str(tmp_path / 'out'))
+  with pytest.raises(ValueError, match=r"sites must name one or more of "
+                     r"\('self_attention', 'causal_attention', "
+                     r"'cross_attention'\); got \('encoder',\)"):
+    validation.run_validation(config_lib.ValidationConfig(sites=('encoder',)),
+                              str(tmp_path / 'out'))
   with pytest.raises(ValueError, match='beam_sentences must be an int >= 0'):
     validation.run_validation(config_lib.ValidationConfig(beam_sentences=-1),
                               str(tmp_path / 'out'))
@@ -101,3 +106,27 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
     validation.run_validation(dataclasses.replace(config, d_model=64),
                               str(out))
   assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+@pytest.mark.slow
+def test_tiny_run_with_reference_in_every_site_is_identical(tmp_path):
+  """'reference' in encoder self-, decoder causal and cross-attention: the
+  same losses and decodes as Trax's layers; the report says what ran where."""
+  config = config_lib.ValidationConfig(
+      dataset='trax_qkv_numbers/tiny', data_dir=str(tmp_path / 'tfds'),
+      vocab_size=200, d_model=32, d_ff=64, n_layers=1, n_heads=4, steps=8,
+      eval_every=4, batch_size=16, beam_sentences=0, heatmap_sentences=0,
+      sites=('self_attention', 'causal_attention', 'cross_attention'))
+  out = tmp_path / 'out'
+  summary = validation.run_validation(config, str(out), log=lambda _: None)
+  assert summary['max_loss_diff'] == 0.0
+  assert summary['identical_decodes'] == 1.0
+  assert summary['reference']['attention'] == {
+      'self_attention': 'reference', 'causal_attention': 'reference',
+      'cross_attention': 'reference'}
+  assert set(summary['trax']['attention'].values()) == {'trax'}
+  report = (out / 'report.md').read_text()
+  assert ('| attention: encoder self / decoder causal / cross | '
+          'trax / trax / trax | reference / reference / reference |') in report
+  saved = json.loads((out / 'reference' / 'model.json').read_text())
+  assert saved['causal_attention'] == 'reference'

@@ -31,11 +31,20 @@ class ModelDirError(ValueError):
 
 def transformer_fn(settings, cross_attention=None):
   """model_fn(mode=...) of the Transformer that `settings` describe, with
-  `cross_attention` (default: the one it was trained with)."""
-  return functools.partial(
+  `cross_attention` (default: the one it was trained with) and the self-
+  and causal attention it was trained with (Trax's, in directories written
+  before these were recorded)."""
+  self_sites = {site: settings.get(site, registry.BUILTIN)
+                for site in ('self_attention', 'causal_attention')}
+  build = functools.partial(
       registry.CrossAttentionTransformer, settings['vocab_size'],
       cross_attention=cross_attention or settings['cross_attention'],
       **{k: settings[k] for k in TRANSFORMER_SETTINGS})
+
+  def model_fn(mode='train'):
+    with registry.use_attention(**self_sites):
+      return build(mode=mode)
+  return model_fn
 
 
 def save(run_dir, settings, vocab_path):

@@ -104,6 +104,9 @@ def translation_model_settings():
               for name in model_dir.TRANSFORMER_SETTINGS}
   data = trax_qkv.data.translation_data()
   settings['vocab_size'] = data.vocab().vocab_size
-  settings['cross_attention'] = _bound(
-      'trax_qkv.EncoderDecoderAttention', 'implementation', 'trax')
+  for site, dispatcher in (('self_attention', 'EncoderSelfAttention'),
+                           ('causal_attention', 'DecoderSelfAttention'),
+                           ('cross_attention', 'EncoderDecoderAttention')):
+    settings[site] = _bound(f'trax_qkv.{dispatcher}', 'implementation',
+                            'trax')
   return settings, os.path.join(data.vocab_dir, data.vocab_file)

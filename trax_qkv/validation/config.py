@@ -63,9 +63,15 @@ class ValidationConfig:
   seed: int = _field(0, 'random seed (weights, dropout, data order)')
   implementations: tuple = _field(
       ('trax', 'reference'),
-      "cross-attention implementations to train, each a registered name: "
-      "'trax' (built-in), 'reference', 'fused', 'chunked', 'cudnn', 'auto'",
-      nargs='+', metavar='NAME')
+      "attention implementations to train, one model each, each a "
+      "registered name: 'trax' (built-in), 'reference', 'fused', 'chunked', "
+      "'cudnn', 'auto'", nargs='+', metavar='NAME')
+  sites: tuple = _field(
+      ('cross_attention',),
+      'attention sites where each implementation runs; the others run '
+      "Trax's own layers: self_attention (encoder), causal_attention "
+      '(decoder), cross_attention (encoder-decoder)', nargs='+',
+      metavar='SITE')
   max_test_sentences: int = _field(
       None, 'decode only the first N test sentences', type=int)
   decode_batch_size: int = _field(100, 'sentences per decoding batch')
@@ -101,15 +107,23 @@ class ValidationConfig:
         raise ValueError(f'{name} must be in [0, 1); got '
                          f'{getattr(self, name)}.')
     scoring.check_bleu_tokenize(self.bleu_tokenize)
+    if not self.sites or any(site not in registry.SITES
+                             for site in self.sites):
+      raise ValueError(f'sites must name one or more of '
+                       f'{tuple(registry.SITES)}; got {self.sites!r}.')
+    if len(set(self.sites)) != len(self.sites):
+      raise ValueError(f'sites must be different; got {self.sites!r}.')
     if not self.implementations:
       raise ValueError('implementations must name at least one of '
                        f'{registry.cross_attention_implementations()}.')
     for name in self.implementations:
-      registry.resolve_cross_attention(name)
+      for site in self.sites:
+        registry.resolve_attention(site, name)
     names = [registry.canonical_name(n) for n in self.implementations]
     if len(set(names)) != len(names):
       raise ValueError(f'implementations must be different; got {names}.')
     self.implementations = tuple(names)
+    self.sites = tuple(self.sites)
 
 
 def add_flags(parser, config_class=ValidationConfig):

@@ -8,6 +8,8 @@ import functools
 
 import numpy as np
 
+from trax_qkv.models.registry import SITES
+
 
 def _pyplot():
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -116,7 +118,7 @@ def render_report(summary, labels):
           ('beam search time (s)', 'beam_seconds', '{:.1f}')]
   c = summary['config']
   lines = [
-      f"# trax_qkv validation: cross-attention {' vs '.join(labels)}", '',
+      f"# trax_qkv validation: {' vs '.join(labels)}", '',
       f"Data set `{summary['dataset']}` ({' -> '.join(summary['keys'])}), "
       f"{summary['test_sentences']} test sentences, a shared vocabulary of "
       f"{summary['vocab_size']} subwords ({c['vocab_size']} requested). "
@@ -129,6 +131,11 @@ def render_report(summary, labels):
       'order and start from the same weights.', '',
       '| metric | ' + ' | '.join(labels) + ' |',
       '|---|' + '---|' * len(labels)]
+  # Which layer ran in each site (summaries before 0.3 lack it).
+  cells = [' / '.join(summary[l].get('attention', {}).get(site, '?')
+                      for site in SITES) for l in labels]
+  lines.append('| attention: encoder self / decoder causal / cross | '
+               + ' | '.join(cells) + ' |')
   for title, key, fmt in rows:
     cells = [fmt.format(summary[l][key]) if summary[l].get(key) is not None
              else 'n/a' for l in labels]

@@ -21,6 +21,7 @@ from trax.supervised import training
 
 from trax_qkv import data as data_lib
 from trax_qkv import patches
+from trax_qkv.models import registry
 from trax_qkv.supervised import attention_maps
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
@@ -73,8 +74,11 @@ class RecordingLoop(checkpointing.ResumableLoop):
 
 
 def model_settings(config, vocab_size, implementation):
-  """What `model_dir.transformer_fn` builds the model of a run from."""
-  return dict(vocab_size=vocab_size, cross_attention=implementation,
+  """What `model_dir.transformer_fn` builds the model of a run from:
+  `implementation` in `config.sites`, Trax's layers elsewhere."""
+  sites = {site: implementation if site in config.sites else
+           registry.BUILTIN for site in registry.SITES}
+  return dict(vocab_size=vocab_size, **sites,
               d_model=config.d_model, d_ff=config.d_ff,
               n_encoder_layers=config.n_layers,
               n_decoder_layers=config.n_layers, n_heads=config.n_heads,
@@ -215,8 +219,9 @@ def _run(config, output_dir, data, log):
 
   results, histories, decodes = {}, {}, {}
   for name in config.implementations:
-    log(f'== {name}: cross-attention {name!r}')
     settings = model_settings(config, vocab.vocab_size, name)
+    log(f'== {name}: ' + ', '.join(f'{site} {settings[site]!r}'
+                                   for site in registry.SITES))
     model_fn = model_dir.transformer_fn(settings)
     run_dir = os.path.join(output_dir, name)
     model_dir.save(run_dir, settings,
@@ -246,15 +251,16 @@ def _run(config, output_dir, data, log):
         final_loss=loop.step_losses[-1],
         eval_loss=_eval_metric(loop, 'WeightedCategoryCrossEntropy'),
         eval_accuracy=_eval_metric(loop, 'WeightedCategoryAccuracy'),
-        train_seconds=seconds, decode_seconds=decode_seconds)
+        train_seconds=seconds, decode_seconds=decode_seconds,
+        attention={site: settings[site] for site in registry.SITES})
     log(f'{name}: ' + ', '.join(
         f'{k} {v:.4g}' for k, v in results[name].items()
         if isinstance(v, float)))
     _write_lines(os.path.join(output_dir, f'decodes_{name}.txt'), hypotheses)
     _write_lines(os.path.join(output_dir, f'decodes_beam_{name}.txt'),
                  beam.get('hypotheses', []))
-    if name == mapped:
-      n = min(config.heatmap_sentences, len(source_ids))
+    n = min(config.heatmap_sentences, len(source_ids))
+    if name == mapped and n:
       targets = [vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
       layers = attention_maps.cross_attention_weights(model_fn, checkpoint, source_ids[:n],
                                        targets, config.n_layers)
