@@ -112,3 +112,22 @@ def test_auto_in_predict_mode_reads_the_filled_part_off_the_gpu():
   q, k = jnp.zeros((2, 1, 8)), jnp.zeros((2, 2048, 8))
   expected = 'reference' if jax.default_backend() == 'gpu' else 'fused'
   assert kernels.resolve_causal('auto', q, k, 0.0, predict=True) == expected
+
+
+def test_keep_masks_have_the_rate_and_are_uncorrelated():
+  from trax_qkv.kernels import common  # pylint: disable=g-import-not-at-top
+  rng = jax.random.PRNGKey(3)
+  shape = (16, 128, 128)
+  masks = [np.asarray(common.keep_mask(rng, i, 0.1, shape), float).ravel()
+           for i in range(3)]
+  masks.append(np.asarray(common.keep_mask(jax.random.PRNGKey(4), 0, 0.1,
+                                           shape), float).ravel())
+  tolerance = 4 / np.sqrt(masks[0].size)  # 4 standard errors
+  for mask in masks:
+    assert abs(mask.mean() - 0.9) < tolerance
+  # Other steps, another key, the next element: no correlation.
+  for other in masks[1:]:
+    assert abs(np.corrcoef(masks[0], other)[0, 1]) < tolerance
+  assert abs(np.corrcoef(masks[0][:-1], masks[0][1:])[0, 1]) < tolerance
+  assert np.array_equal(masks[0], np.asarray(
+      common.keep_mask(rng, 0, 0.1, shape), float).ravel())  # deterministic

@@ -4,7 +4,7 @@ Memory O(Lq * block) instead of O(Lq * Lk), forward and backward: no
 (Lq, Lk)-sized array is ever stored. With a K/V projection function the
 projected K and V are computed block by block too (see
 `trax_qkv.layers.attention.KeyBlockProjectedAttention`). Dropout masks are
-drawn per block (same rate, other bits).
+drawn per block (same rate, other bits: `common.keep_mask`).
 """
 
 import functools

@@ -6,7 +6,7 @@ are masked, soft-maxed and multiplied with V while they are in cache,
 instead of the several passes over the whole (batch, heads, Lq, Lk) array
 that the reference makes. The hand-written backward pass recomputes the
 weights from the saved logsumexp, so memory holds one tile's logits, not
-all of them. Dropout masks are drawn per tile (same rate, other bits).
+all of them. Dropout masks are drawn per tile (same rate, other bits: `common.keep_mask`).
 Fastest on CPUs; a GPU runs the loop's steps one after another.
 """
 

@@ -26,6 +26,7 @@ from trax.layers.assert_shape import assert_shape
 from trax_qkv import kernels
 from trax_qkv.kernels import cudnn
 from trax_qkv.layers import checks
+from trax_qkv.layers.attention import RowsDense
 
 
 def empty_cache(input_signature, max_length):
@@ -165,14 +166,17 @@ def CausalAttention(d_feature, n_heads=1, dropout=0.0,  # pylint: disable=invali
   checks.check_n_heads(n_heads)
   checks.check_d_feature(d_feature, n_heads)
 
+  # As in AttentionQKV: any implementation but the bit-identical reference
+  # projects with RowsDense (faster gradients, same weights).
+  dense = core.Dense if implementation == 'reference' else RowsDense
+
   def _Projection():  # pylint: disable=invalid-name
     if use_dconv:
-      return cb.Serial(core.Dense(d_feature),
-                       convolution.CausalDepthwiseConv())
-    return core.Dense(d_feature)
+      return cb.Serial(dense(d_feature), convolution.CausalDepthwiseConv())
+    return dense(d_feature)
 
   return trax_attention.ConfigurableAttention(
-      _Projection(), _Projection(), _Projection(), core.Dense(d_feature),
+      _Projection(), _Projection(), _Projection(), dense(d_feature),
       n_heads=n_heads,
       qkv_attention_layer=DotProductCausalAttention(
           dropout=dropout, max_inference_length=max_inference_length,
