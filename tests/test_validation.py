@@ -12,7 +12,8 @@ from helpers import command
 
 
 @pytest.mark.parametrize('name', ['train', 'validate', 'bench',
-                                  'bench_kernels'])
+                                  'bench_kernels', 'translate',
+                                  'attention_map'])
 def test_every_command_documents_every_flag(name, capsys):
   parser = command(name).build_parser()
   for action in parser._actions:  # pylint: disable=protected-access

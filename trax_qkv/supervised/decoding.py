@@ -40,6 +40,14 @@ def pad_rows(rows, width):
 DECODING_SCOPE = 'trax_qkv_decoding'
 
 
+def sentences_per_batch(batch_size, n_beams, n_sentences):
+  """Sentences decoded at once: `batch_size` greedily; with beam search
+  `batch_size // n_beams`, since the model then decodes n_beams rows per
+  sentence. At least 1, at most `n_sentences`."""
+  per_batch = batch_size if n_beams == 1 else batch_size // n_beams
+  return max(1, min(per_batch, n_sentences))
+
+
 def predict_model(model_fn, weights_file, batch_size, source_length,
                   max_length=None):
   """A predict-mode model loaded from `weights_file` for fixed-shape batches.

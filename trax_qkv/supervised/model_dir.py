@@ -15,7 +15,6 @@ import shutil
 
 from trax_qkv.data import pipeline
 from trax_qkv.models import registry
-from trax_qkv.supervised import checkpointing
 
 SETTINGS_FILE = 'model.json'
 VOCAB_FILE = 'vocab.subwords'
@@ -98,9 +97,3 @@ def load(model_dir):
     settings = json.load(f)
   return ModelDir(path, settings,
                   pipeline.load_vocab(path, VOCAB_FILE), checkpoint)
-
-
-def check_fits(model, model_dir):
-  """Raises CheckpointMismatchError unless the checkpoint's weights have
-  the shapes of `model`'s (initialized) weights."""
-  checkpointing.check_checkpoint_fits(model, model_dir.path)

@@ -3,6 +3,7 @@
 import numpy as np
 from trax import shapes
 
+from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
 from trax_qkv.supervised import model_dir as model_dir_lib
 from trax_qkv.supervised.progress import Progress
@@ -58,10 +59,9 @@ def translate_ids(model_dir, sentences, n_beams=1, alpha=0.6,
   probe = model_fn(mode='eval')
   probe.init(shapes.signature((np.zeros((1, source_length), np.int32),
                                np.zeros((1, 1), np.int32))))
-  model_dir_lib.check_fits(probe, model)
+  checkpointing.check_checkpoint_fits(probe, model.path)
   # Batches as trax-qkv-validate makes them, so decodes are the same.
-  batch = (min(batch_size, len(sources)) if n_beams == 1
-           else max(1, min(batch_size // n_beams, len(sources))))
+  batch = decoding.sentences_per_batch(batch_size, n_beams, len(sources))
   prepared = decoding.predict_model(model_fn, model.checkpoint,
                                     batch * n_beams, source_length,
                                     max_length)

@@ -144,7 +144,8 @@ def beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
       config.beam_sentences, len(source_ids))
   if n == 0:
     return {}
-  batch = max(1, min(config.decode_batch_size // config.n_beams, n))
+  batch = decoding.sentences_per_batch(config.decode_batch_size,
+                                      config.n_beams, n)
   log(f'beam search ({config.n_beams} beams) on {n} sentences, {batch} at '
       'a time ...')
   start = time.time()
@@ -230,7 +231,8 @@ def _run(config, output_dir, data, log):
                               run_dir, log)
     histories[name] = loop.step_losses
     checkpoint = os.path.join(run_dir, 'model.pkl.gz')
-    batch = min(config.decode_batch_size, len(source_ids))
+    batch = decoding.sentences_per_batch(config.decode_batch_size, 1,
+                                         len(source_ids))
     log(f'decoding {len(source_ids)} test sentences (greedy, batches of '
         f'{batch}) ...')
     start = time.time()
