@@ -251,6 +251,27 @@ def _count_ours(model, name):
              for l in _walk(model))
 
 
+def test_each_site_takes_a_registered_or_passed_layer_factory():
+  calls = []
+
+  def my_causal(d_feature, **kwargs):
+    calls.append(kwargs)
+    return tl.CausalAttention(d_feature, **kwargs)
+  with trax_qkv.use_attention(causal_attention=my_causal):
+    trax.models.TransformerLM(mode='eval', **LM)
+  assert len(calls) == LM['n_layers']
+  assert calls[0] == {'n_heads': 4, 'dropout': 0.1, 'mode': 'eval'}
+  trax_qkv.register_attention('self_attention', 'mine',
+                              lambda d, **kw: tl.Attention(d, **kw))
+  assert 'mine' in trax_qkv.attention_implementations('self_attention')
+  assert 'mine' not in trax_qkv.attention_implementations('causal_attention')
+  with trax_qkv.use_attention(self_attention='mine'):
+    trax.models.TransformerEncoder(30, mode='eval', d_model=16, d_ff=32,
+                                   n_layers=1, n_heads=4)
+  with pytest.raises(ValueError, match='site must be one of'):
+    trax_qkv.register_attention('decoder', 'x', tl.Attention)
+
+
 def test_use_attention_rejects_unknown_names_before_building():
   with pytest.raises(ValueError, match='causal_attention implementation must '
                      r"be one of \('auto', 'chunked', 'cudnn', 'fused', "
