@@ -80,6 +80,22 @@ class _Blocks:
     return common.keep_mask(rng, step * self.n_blocks + j, rate, shape)
 
 
+def _accumulate(carry, logits, v_block, drop=None):
+  """One key block of an online softmax: the (running max, denominator,
+  numerator) carry updated with the block's logits; `drop`, if given,
+  applies dropout to the weights after the denominator has counted them."""
+  running_max, denominator, numerator = carry
+  new_max = jnp.maximum(running_max, logits.max(axis=-1, keepdims=True))
+  correction = jnp.exp(running_max - new_max)
+  p = jnp.exp(logits - new_max)
+  denominator = denominator * correction + p.sum(axis=-1, keepdims=True)
+  if drop is not None:
+    p = drop(p)
+  numerator = numerator * correction + jnp.einsum(
+      'gqk,gkd->gqd', p, v_block, preferred_element_type=jnp.float32)
+  return new_max, denominator, numerator
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _causal_core(q, k, v, tiles, rate, rng):
   return _causal_forward(q, k, v, tiles, rate, rng)[0]
@@ -95,19 +111,11 @@ def _causal_forward(q, k, v, tiles, rate, rng):
     q_block = blocks.read(q, row, i)
 
     def one_key_block(j, inner):
-      running_max, denominator, numerator = inner
       logits = blocks.logits(q_block, blocks.read(k, row, j), i, j)
-      new_max = jnp.maximum(running_max, logits.max(axis=-1, keepdims=True))
-      correction = jnp.exp(running_max - new_max)
-      p = jnp.exp(logits - new_max)
-      denominator = denominator * correction + p.sum(axis=-1, keepdims=True)
-      keep = blocks.keep(rng, rate, step, j, p.shape)
-      if keep is not None:
-        p = common.dropped(p, keep, rate)
-      numerator = numerator * correction + jnp.einsum(
-          'gqk,gkd->gqd', p, blocks.read(v, row, j),
-          preferred_element_type=jnp.float32)
-      return new_max, denominator, numerator
+      keep = blocks.keep(rng, rate, step, j, logits.shape)
+      return _accumulate(
+          inner, logits, blocks.read(v, row, j),
+          None if keep is None else lambda p: common.dropped(p, keep, rate))
 
     shape = (blocks.tile_rows, blocks.block, 1)
     running_max, denominator, numerator = jax.lax.fori_loop(
@@ -211,20 +219,12 @@ def cached_attention(q, ks, vs, index, block=DEFAULT_BLOCK):
   positions = index + jnp.arange(new)[:, None]  # (new, 1)
 
   def one_block(j, carry):
-    running_max, denominator, numerator = carry
     k_block = jax.lax.dynamic_slice_in_dim(ks, j * block, block, 1)
     v_block = jax.lax.dynamic_slice_in_dim(vs, j * block, block, 1)
     logits = jnp.einsum('gqd,gkd->gqk', q, k_block,
                         preferred_element_type=jnp.float32)
     visible = j * block + jnp.arange(block)[None, :] <= positions
-    logits = jnp.where(visible, logits, MASK_FILL)
-    new_max = jnp.maximum(running_max, logits.max(axis=-1, keepdims=True))
-    correction = jnp.exp(running_max - new_max)
-    p = jnp.exp(logits - new_max)
-    return (new_max, denominator * correction + p.sum(axis=-1, keepdims=True),
-            numerator * correction + jnp.einsum(
-                'gqk,gkd->gqd', p, v_block,
-                preferred_element_type=jnp.float32))
+    return _accumulate(carry, jnp.where(visible, logits, MASK_FILL), v_block)
 
   shape = (rows, new, 1)
   n_blocks = (index + new + block - 1) // block
