@@ -3,8 +3,9 @@
 `apply()` runs once, when `trax_qkv` is imported (calling it again does
 nothing). None of these changes numerics or a model: the first three fix
 crashes of trax 1.4.1 on current JAX, the fourth makes the attention of
-trax.models' Transformers selectable, with the built-in as default. They were written for the
-versions in TESTED_VERSIONS; elsewhere `apply()` warns.
+trax.models' Transformers selectable, with the built-in as default, and
+the fifth keeps checkpoint files from running code. They were written for
+the versions in TESTED_VERSIONS; elsewhere `apply()` warns.
 
 1. `trax.fastmath.numpy.tree_unflatten`: resuming `training.Loop` from a
    checkpoint crashed: it tests `tree in copy_from_tree` (markers such as
@@ -24,6 +25,13 @@ versions in TESTED_VERSIONS; elsewhere `apply()` warns.
    encoder self-attention, decoder self-attention, cross-attention), whose
    default is the built-in layer. trax.models.transformer calls each of
    these names in that one site only.
+5. `pickle` in `trax.supervised.training`, `trax.layers.base` and
+   `trax.data.inputs`, and `trax.layers.np_from_file`: every checkpoint,
+   weight, optimizer-slot and data-counter file Trax reads (`Loop`,
+   `init_from_file`, `trainer_lib`) goes through
+   `trax_qkv.checkpoint_files`, which refuses objects that no checkpoint
+   holds (unpickling them could run code) and reports a truncated weights
+   or slots file instead of returning fewer arrays. Writing is Trax's.
 
 Two more are scoped to a call, not applied at import:
 `trainer_loop_class` (trainer_lib builds the given Loop class, for our
@@ -42,9 +50,14 @@ import numpy as np
 import trax.data
 import trax.layers
 from trax import fastmath
+from trax.data import inputs as trax_inputs
 from trax.layers import acceleration
+from trax.layers import base as trax_layers_base
 from trax.models import transformer as trax_transformer
 from trax.supervised import trainer_lib
+from trax.supervised import training as trax_training
+
+from trax_qkv import checkpoint_files
 
 # Package -> the version prefixes the patches were written and tested for.
 TESTED_VERSIONS = {'trax': ('1.4.1',), 'jax': ('0.10.',)}
@@ -130,7 +143,7 @@ class _LayersWithPluggableAttention(types.ModuleType):
 
 
 def apply():
-  """Applies patches 1-4 (see the module doc); idempotent."""
+  """Applies patches 1-5 (see the module doc); idempotent."""
   global _applied
   if _applied:
     return
@@ -150,6 +163,11 @@ def apply():
   acceleration.on_cpu = _on_cpu
   trax.layers.on_cpu = _on_cpu
   trax_transformer.tl = _LayersWithPluggableAttention('trax.layers')
+  safe_pickle = checkpoint_files.SafePickleModule()
+  for module in (trax_training, trax_layers_base, trax_inputs):
+    module.pickle = safe_pickle
+  trax_layers_base.np_from_file = checkpoint_files.np_from_file
+  trax.layers.np_from_file = checkpoint_files.np_from_file
   _applied = True
 
 

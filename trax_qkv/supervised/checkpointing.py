@@ -23,10 +23,12 @@ checkpoint (the streams must be deterministic; `trax_qkv.data`'s are).
 import os
 import shutil
 
+import jax
 import numpy as np
 from trax import layers as tl
 from trax.supervised import training
 
+from trax_qkv import checkpoint_files
 from trax_qkv.supervised.progress import Progress
 
 RNG_SUFFIX = '.rng.npy'
@@ -60,7 +62,16 @@ def checkpoint_step(output_dir, basename='model'):
   path = os.path.join(output_dir, basename + '.pkl.gz')
   if not os.path.exists(path):
     return 0
-  return int(training.unpickle_from_file(path, gzip=True)['step'])
+  return int(_metadata(path)['step'])
+
+
+def _metadata(path):
+  """The dict of a checkpoint's `.pkl.gz` file (read without running code)."""
+  meta = checkpoint_files.unpickle_from_file(path, gzip=True)
+  if not isinstance(meta, dict) or not isinstance(meta.get('step'), int):
+    raise checkpoint_files.CorruptCheckpointError(
+        f'{path} is not a Trax checkpoint: it holds no dict with a step.')
+  return meta
 
 
 class CheckpointMismatchError(ValueError):
@@ -79,38 +90,56 @@ class CheckpointWriteError(RunError):
   """A checkpoint could not be written (disk full, ...)."""
 
 
-def check_checkpoint_fits(model, directory, basename='model'):
-  """Raises CheckpointMismatchError unless the checkpoint's weights have the
-  shapes of `model`'s (initialized) weights, one by one.
+def _shapes(arrays):
+  return [np.shape(a) for a in arrays if a is not None and a is not ()]  # pylint: disable=literal-comparison
 
-  Trax matches weights by shape and quietly keeps its fresh ones where none
-  fits, so resuming with another d_model or vocabulary would otherwise train
-  a half-restored model.
+
+def _first_misfit(saved, expected, what):
+  """Where two lists of shapes differ, in words; None when they agree."""
+  if len(saved) != len(expected):
+    return (f'it holds {len(saved)} {what} arrays, the model has '
+            f'{len(expected)}')
+  for i, (a, b) in enumerate(zip(saved, expected)):
+    if a != b:
+      return f'{what} #{i} has shape {a}, the model expects {b}'
+  return None
+
+
+def check_checkpoint_fits(model, directory, basename='model',
+                          slots_per_task=None):
+  """Raises CheckpointMismatchError unless the checkpoint's weights (and,
+  given the optimizer slots of each task, its slot files) have the shapes
+  of `model`'s initialized weights (and of those slots), one by one.
+
+  Trax matches weights and slots by shape and quietly keeps its fresh ones
+  where none fits, so resuming with another d_model, vocabulary or
+  optimizer would otherwise train a half-restored model. A file that
+  cannot be read raises CorruptCheckpointError (a ValueError) instead.
   """
   path = os.path.join(directory, basename)
   if not os.path.exists(path + '.pkl.gz'):
     return
-  meta = training.unpickle_from_file(path + '.pkl.gz', gzip=True)
-  saved = meta['flat_weights']
+  meta = _metadata(path + '.pkl.gz')
+  saved = meta.get('flat_weights')
   if isinstance(saved, int):  # stored in their own file, at that compression
-    saved = tl.np_from_file(path + '.weights.npy.gz', compresslevel=saved)
+    saved = checkpoint_files.np_from_file(path + '.weights.npy.gz')
   expected, _ = tl.flatten_weights_and_state(model.weights, model.state)
-  saved = [np.shape(w) for w in saved if w is not None]
-  expected = [np.shape(w) for w in expected if w is not None]
-  problem = None
-  if len(saved) != len(expected):
-    problem = (f'{len(saved)} weight arrays, the model has {len(expected)}')
-  else:
-    for i, (a, b) in enumerate(zip(saved, expected)):
-      if a != b:
-        problem = f'weight #{i} has shape {a}, the model expects {b}'
+  problem = _first_misfit(_shapes(saved), _shapes(expected), 'weight')
+  if problem is None and isinstance(meta.get('slots_per_task'), int):
+    for i, slots in enumerate(slots_per_task or ()):
+      problem = _first_misfit(
+          _shapes(checkpoint_files.np_from_file(
+              f'{path}.opt_slots{i}.npy.gz')),
+          _shapes(jax.tree_util.tree_leaves(slots)), 'optimizer slot')
+      if problem:
         break
   if problem:
     raise CheckpointMismatchError(
         f'checkpoint {path}.pkl.gz (step {meta["step"]}) does not fit the '
         f'model: {problem}. It was written by a model of another size '
-        '(d_model, d_ff, layers, heads or vocabulary); resume with the same '
-        'settings, or train into a new output directory.')
+        '(d_model, d_ff, layers, heads or vocabulary) or with another '
+        'optimizer; resume with the same settings, or train into a new '
+        'output directory.')
 
 
 def _fsync_dir(path):
@@ -219,8 +248,10 @@ class ResumableLoop(training.Loop):
       super().load_checkpoint(directory, filename)
       return
     filename = filename or 'model'
-    check_checkpoint_fits(self._model, directory, filename)
-    super().load_checkpoint(directory, filename)
+    with checkpoint_files.reading_once():
+      check_checkpoint_fits(self._model, directory, filename,
+                            [t.slots for t in self._trainer_per_task])
+      super().load_checkpoint(directory, filename)
     rng_file = os.path.join(directory, filename + RNG_SUFFIX)
     if os.path.exists(rng_file):
       self._rng = np.load(rng_file)
