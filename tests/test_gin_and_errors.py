@@ -1,5 +1,8 @@
 """gin registration of the layers, and clear errors for bad input."""
 
+import importlib
+import pkgutil
+
 import gin
 import jax.numpy as jnp
 import pytest
@@ -19,10 +22,10 @@ def layer_holder(layer=gin.REQUIRED):
 def test_gin_config_builds_plugin_layer():
   gin.parse_config("""
       import trax_qkv
-      layer_holder.layer = @trax_qkv.AttentionQKV
-      trax_qkv.AttentionQKV.d_feature = 16
-      trax_qkv.AttentionQKV.n_heads = 4
-      trax_qkv.AttentionQKV.dropout = 0.1
+      layer_holder.layer = @trax_qkv.QkvAttentionQKV
+      trax_qkv.QkvAttentionQKV.d_feature = 16
+      trax_qkv.QkvAttentionQKV.n_heads = 4
+      trax_qkv.QkvAttentionQKV.dropout = 0.1
   """)
   layer = layer_holder()(mode='train')
   assert layer.sublayers[1].sublayers[1]._dropout == 0.1  # pylint: disable=protected-access
@@ -34,19 +37,69 @@ def test_gin_config_builds_plugin_layer():
 
 def test_mode_is_denylisted_like_trax():
   with pytest.raises(ValueError, match="denylisted kwarg 'mode'"):
-    gin.parse_config('trax_qkv.AttentionQKV.mode = "train"')
+    gin.parse_config('trax_qkv.QkvAttentionQKV.mode = "train"')
 
 
-def test_existing_trax_transformer_config_still_parses():
-  # Unqualified names used by every Trax config must stay unambiguous.
+def _import_all(package):
+  """Imports every module of `package` that imports (not its tests), so that
+  every gin configurable it registers is registered."""
+  for module in pkgutil.walk_packages(package.__path__,
+                                      package.__name__ + '.'):
+    if not module.name.endswith('_test'):
+      try:
+        importlib.import_module(module.name)
+      except ImportError:  # modules of Trax's that no longer import
+        pass
+
+
+def _short_names():
+  """{short name: [complete selectors]} of every registered configurable."""
+  names = {}
+  for selector in gin.config._REGISTRY._selector_map:  # pylint: disable=protected-access
+    names.setdefault(selector.split('.')[-1], []).append(selector)
+  return names
+
+
+def test_no_configurable_of_ours_shares_a_short_name_with_trax():
+  # gin resolves an unqualified selector by its last name: a configurable
+  # of ours named like one of Trax's would make the Trax config ambiguous.
+  _import_all(trax)
+  _import_all(trax_qkv)
+  ours = [s for s in gin.config._REGISTRY._selector_map  # pylint: disable=protected-access
+          if s.startswith('trax_qkv.')]
+  assert 'trax_qkv.QkvCausalAttention' in ours
+  shared = {short: selectors for short, selectors in _short_names().items()
+            if len(selectors) > 1
+            and any(s.startswith('trax_qkv.') for s in selectors)}
+  assert not shared
+
+
+def test_trax_configs_keep_parsing_after_import():
+  """Every unqualified name of a Trax configurable (that is not ambiguous
+  without trax_qkv) still resolves, and the lines of Trax's configs that
+  broke with 0.2.0 parse."""
+  _import_all(trax)
+  names = []
+  for short, selectors in _short_names().items():
+    theirs = [s for s in selectors if not s.startswith('trax_qkv.')]
+    if len(theirs) == 1 and theirs[0].startswith('trax.'):
+      names.append(short)
+  assert {'Attention', 'CausalAttention', 'DotProductCausalAttention'} <= set(
+      names)
+  for short in names:
+    gin.parse_config(f'layer_holder.layer = @{short}')
+  # As in Trax's lm1b, c4 and reformer configs.
   gin.parse_config("""
+      enc_attn_type = @Attention
+      dec_attn_type = @CausalAttention
+      DotProductCausalAttention.dropout = 0.1
+      ReformerLM.attention_type = @CausalAttention
       Transformer.d_model = 32
-      Transformer.n_heads = 2
-      AttentionQKV.n_heads = 2
-      PureAttention.dropout = 0.0
       model = @trax.models.Transformer
   """)
-  assert gin.query_parameter('Transformer.d_model') == 32
+  assert gin.query_parameter('DotProductCausalAttention.dropout') == 0.1
+  assert gin.query_parameter('ReformerLM.attention_type').configurable.selector == (
+      'trax.layers.CausalAttention')
 
 
 # Bad input: one test each, each naming the parameter and expected form.

@@ -10,10 +10,14 @@ exact resume, decoding, scoring) and `validation` are the translation
 pipeline; `benchmarks` times them; `cli` holds the console commands.
 
 Importing the package registers its gin configurables under the module
-`trax_qkv` (e.g. `@trax_qkv.AttentionQKV`) and makes the attention layers of
-trax.models' Transformer family selectable per site (`use_attention`); the
-default stays Trax's own layers, so no model changes until you choose. Without Trax installed only
-`trax_qkv.kernels` (and `trax_qkv.benchmarks.kernels`) can be used.
+`trax_qkv`, the layers with a `Qkv` prefix (`@trax_qkv.QkvAttentionQKV`,
+`@trax_qkv.QkvCausalAttention`, ...): gin resolves an unqualified selector
+by its last name, so a configurable named `CausalAttention` would make
+every Trax config that writes `@CausalAttention` ambiguous. It also makes
+the attention layers of trax.models' Transformer family selectable per
+site (`use_attention`); the default stays Trax's own layers, so no model
+changes until you choose. Without Trax installed only `trax_qkv.kernels`
+(and `trax_qkv.benchmarks.kernels`) can be used.
 """
 
 __version__ = '0.2.0'

@@ -29,7 +29,7 @@ from trax_qkv.kernels import cudnn
 from trax_qkv.layers import checks
 
 
-@gin.configurable(module='trax_qkv', denylist=['mode'])
+@gin.configurable('QkvPureAttention', module='trax_qkv', denylist=['mode'])
 class PureAttention(base.Layer):
   """Maps `(Q, K, V, mask)` to `(activations, mask)`: multi-head attention.
 
@@ -199,7 +199,7 @@ class KeyBlockProjectedAttention(cb.Serial):
     return project(output, w_out, s_out)(activations), mask
 
 
-@gin.configurable(module='trax_qkv', denylist=['mode'])
+@gin.configurable('QkvAttentionQKV', module='trax_qkv', denylist=['mode'])
 def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: disable=invalid-name
                  cache_KV_in_predict=False, q_sparsity=None,
                  result_sparsity=None, implementation='reference'):
@@ -276,7 +276,7 @@ def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: dis
   return CheckedSerial(*wrapped.sublayers, check_inputs=checks.check_qkv_inputs)
 
 
-@gin.configurable(module='trax_qkv', denylist=['mode'])
+@gin.configurable('QkvAttention', module='trax_qkv', denylist=['mode'])
 def Attention(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: disable=invalid-name
               implementation='reference'):
   """Maps `(x, mask)` to `(new_x, mask)`: multi-head self-attention.

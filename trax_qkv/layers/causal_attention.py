@@ -55,7 +55,7 @@ def append_to_cache(cache, new_k, new_v):
 
 
 @assert_shape('bld,bld,bld->bld')
-@gin.configurable(module='trax_qkv', denylist=['mode'])
+@gin.configurable('QkvDotProductCausalAttention', module='trax_qkv', denylist=['mode'])
 class DotProductCausalAttention(base.Layer):
   """Maps per-head `(Q, K, V)` to activations, each position attending to
   itself and the positions before it.
@@ -141,7 +141,7 @@ class DotProductCausalAttention(base.Layer):
 
 
 @assert_shape('bld->bld')
-@gin.configurable(module='trax_qkv', denylist=['mode'])
+@gin.configurable('QkvCausalAttention', module='trax_qkv', denylist=['mode'])
 def CausalAttention(d_feature, n_heads=1, dropout=0.0,  # pylint: disable=invalid-name
                     max_inference_length=2048, use_dconv=False, mode='train',
                     implementation='reference'):

@@ -61,12 +61,13 @@ def predict_model(model_fn, weights_file, batch_size, source_length,
       long: every step attends over all of them (masked), and beam search
       copies them when it re-orders beams. Set through a gin binding of
       `max_inference_length` of `trax.layers.CausalAttention` and of
-      `trax_qkv.CausalAttention`, scoped to DECODING_SCOPE, so that no
+      `trax_qkv.QkvCausalAttention`, scoped to DECODING_SCOPE, so that no
       other model sees it.
   """
   if max_length:
     with gin.unlock_config():  # locked once a trainer has finalized it
-      for layer in ('trax.layers.CausalAttention', 'trax_qkv.CausalAttention'):
+      for layer in ('trax.layers.CausalAttention',
+                    'trax_qkv.QkvCausalAttention'):
         gin.bind_parameter(
             f'{DECODING_SCOPE}/{layer}.max_inference_length', max_length)
   with gin.config_scope(DECODING_SCOPE if max_length else None):
