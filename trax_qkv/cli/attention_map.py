@@ -38,11 +38,28 @@ def build_parser():
   return parser
 
 
+def check_output(path):
+  """Raises ValueError unless `path` can be written as a file: not a
+  directory, and inside a directory that exists or can be created."""
+  path = os.path.abspath(path)
+  if os.path.isdir(path):
+    raise ValueError(f'output {path} is a directory; give a file name, e.g. '
+                     f'{os.path.join(path, "attention_map.png")}.')
+  parent = os.path.dirname(path)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ValueError(f'output {path} cannot be written: {parent} is a file, '
+                     'not a directory.')
+
+
 def main(argv=None):
   args = build_parser().parse_args(argv)
   output = args.output or f'attention_map.{args.format}'
+  from trax_qkv import files  # pylint: disable=g-import-not-at-top
   from trax_qkv.supervised import attention_maps  # pylint: disable=g-import-not-at-top
   try:
+    check_output(output)
     source_tokens, target_tokens, weights, target = (
         attention_maps.for_sentence(args.model_dir, args.source,
                                     args.target))
@@ -51,12 +68,10 @@ def main(argv=None):
     return 2
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   if args.format == 'json':
-    with open(output, 'w', encoding='utf-8') as f:
-      json.dump({'source': args.source, 'target': target,
-                 'source_tokens': source_tokens,
-                 'target_tokens': target_tokens,
-                 'weights': [w.tolist() for w in weights]}, f,
-                ensure_ascii=False)
+    files.write_text(output, json.dumps(
+        {'source': args.source, 'target': target,
+         'source_tokens': source_tokens, 'target_tokens': target_tokens,
+         'weights': [w.tolist() for w in weights]}, ensure_ascii=False))
   else:
     from trax_qkv.validation import report  # pylint: disable=g-import-not-at-top
     report.plot_heatmaps(weights, source_tokens, target_tokens, output,

@@ -41,14 +41,28 @@ def build_parser():
   return parser
 
 
+def read_lines(file, name):
+  """The lines of a binary file as text; ValueError names the first line
+  that is not UTF-8."""
+  lines = []
+  for number, line in enumerate(file.read().splitlines(), 1):
+    try:
+      lines.append(line.decode('utf-8'))
+    except UnicodeDecodeError as e:
+      raise ValueError(f'{name} line {number} is not UTF-8 text ({e.reason} '
+                       f'at byte {e.start}); give one sentence per line in '
+                       'UTF-8.') from None
+  return lines
+
+
 def main(argv=None):
   args = build_parser().parse_args(argv)
   from trax_qkv.models import registry  # pylint: disable=g-import-not-at-top
   from trax_qkv.supervised import translation  # pylint: disable=g-import-not-at-top
   sentences = args.sentences
-  if not sentences and not sys.stdin.isatty():
-    sentences = sys.stdin.read().splitlines()
   try:
+    if not sentences and not sys.stdin.isatty():
+      sentences = read_lines(sys.stdin.buffer, 'standard input')
     if args.implementation is not None:
       registry.resolve_cross_attention(args.implementation)
     translations = translation.translate(

@@ -15,10 +15,17 @@ import tensorflow_datasets as tfds
 import trax
 from trax.data import text_encoder
 
+from trax_qkv import files
 from trax_qkv.data import parallel_text
 
 EOS_ID = 1  # SubwordTextEncoder reserves 0 for padding and 1 for <EOS>.
 DEFAULT_DATA_DIR = os.path.expanduser('~/tensorflow_datasets')
+# Held in data_dir while a data set and its vocabulary are prepared, so
+# that runs sharing data_dir never write the same files at once.
+DATA_LOCK_FILE = '.trax_qkv_data.lock'
+# Source and target keys: TFDS feature names or file suffixes ('en', 'de',
+# 'zh-CN'), never paths.
+_KEY = re.compile(r'[A-Za-z][A-Za-z0-9_-]*')
 
 
 def vocab_path(dataset_name, keys, target_size, data_dir=None):
@@ -40,9 +47,8 @@ def build_vocab(dataset_name, keys, target_size, data_dir=None):
          for text in pair),
         target_size, max_subtoken_length=12)
     os.makedirs(vocab_dir, exist_ok=True)
-    tmp = path + '.tmp'
-    encoder.store_to_file(tmp)
-    os.replace(tmp, path)  # never leave a half-written vocabulary
+    with files.atomic_path(path) as tmp:
+      encoder.store_to_file(tmp)
   return vocab_dir, vocab_file
 
 
@@ -76,16 +82,27 @@ def prepare_translation_data(dataset='trax_qkv_numbers', keys=('en', 'de'),
         ~/tensorflow_datasets).
     vocab_size: target size of the shared subword vocabulary.
   """
-  keys = tuple(keys)
-  if len(keys) != 2 or not all(isinstance(k, str) for k in keys):
-    raise ValueError(f'keys must be (source, target) feature names such as '
-                     f"('en', 'de'); got {keys!r}.")
+  keys = check_keys(keys)
   name = (parallel_text.parallel_text_dataset(source_dir, *keys)
           if source_dir else dataset)
   data_dir = os.path.expanduser(data_dir or DEFAULT_DATA_DIR)
-  check_dataset(name, data_dir)
-  vocab_dir, vocab_file = build_vocab(name, keys, vocab_size, data_dir)
+  with files.locked(data_dir, DATA_LOCK_FILE):
+    check_dataset(name, data_dir)
+    vocab_dir, vocab_file = build_vocab(name, keys, vocab_size, data_dir)
   return TranslationData(name, keys, data_dir, vocab_dir, vocab_file)
+
+
+def check_keys(keys):
+  """(source, target) as a tuple; ValueError unless two different names
+  of letters, digits, '_' and '-' (they become feature names and file
+  suffixes)."""
+  keys = tuple(keys) if isinstance(keys, (tuple, list)) else (keys,)
+  if (len(keys) != 2 or keys[0] == keys[1]
+      or not all(isinstance(k, str) and _KEY.fullmatch(k) for k in keys)):
+    raise ValueError(f'keys must be two different (source, target) feature '
+                     "names such as ('en', 'de'): a letter, then letters, "
+                     f"digits, '_' or '-'; got {keys!r}.")
+  return keys
 
 
 # The same, configurable from gin (whose errors carry a line naming it).

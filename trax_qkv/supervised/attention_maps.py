@@ -55,17 +55,19 @@ def for_sentence(model_dir, source, target=None):
   if not source.strip():
     raise ValueError('source must be a non-empty sentence.')
   model = model_dir_lib.load(model_dir)
+  source_ids = decoding.encode_sources(model.vocab, [source])[0]
+  translation.check_sources_fit([source_ids], model.settings, [1])
+  translation.check_checkpoint(model,
+                               model_dir_lib.transformer_fn(model.settings))
   if target is None:
     target_ids = translation.translate_ids(model, [source])[0] + [EOS_ID]
     target = model.vocab.decode(target_ids[:-1])
   else:
     target_ids = model.vocab.encode(target) + [EOS_ID]
-  source_ids = decoding.encode_sources(model.vocab, [source])[0]
-  longest = model.settings['max_len']
-  for name, ids in (('source', source_ids), ('target', target_ids)):
-    if len(ids) > longest:
-      raise ValueError(f'{name} has {len(ids)} subwords with EOS; the model '
-                       f'takes at most {longest} (its max_len).')
+  if len(target_ids) > model.settings['max_len']:
+    raise ValueError(f'target has {len(target_ids)} subwords with EOS; the '
+                     f"model takes at most {model.settings['max_len']} (its "
+                     'max_len).')
   layers = cross_attention_weights(
       model_dir_lib.transformer_fn(model.settings), model.checkpoint,
       [source_ids], [target_ids], model.settings['n_decoder_layers'])

@@ -65,6 +65,27 @@ def checkpoint_step(output_dir, basename='model'):
   return int(_metadata(path)['step'])
 
 
+def check_checkpoint_files(output_dir, basename='model'):
+  """Reads every file that a Loop resuming in `output_dir` would read (the
+  checkpoint's pickle, weights and optimizer slots, the data counters)
+  through `checkpoint_files`, and raises its CheckpointFileError (a
+  ValueError) for one that names objects no checkpoint holds or is
+  damaged. Called before a run writes anything, so such a directory is
+  refused untouched.
+  """
+  if not os.path.isdir(output_dir):
+    return
+  prefix = basename + '.'
+  for name in sorted(os.listdir(output_dir)):
+    path = os.path.join(output_dir, name)
+    if name == prefix + 'pkl.gz':
+      _metadata(path)
+    elif name.startswith(prefix) and name.endswith('.npy.gz'):
+      checkpoint_files.np_from_file(path)
+    elif name.startswith('data_counters') and name.endswith('.pkl'):
+      checkpoint_files.unpickle_from_file(path)
+
+
 def _metadata(path):
   """The dict of a checkpoint's `.pkl.gz` file (read without running code)."""
   meta = checkpoint_files.unpickle_from_file(path, gzip=True)
@@ -154,7 +175,8 @@ class ResumableLoop(training.Loop):
   """`training.Loop` whose checkpoints are atomic and resume a run exactly.
 
   Same constructor and behaviour as `training.Loop`; only when and how
-  checkpoints are written and what they hold differ (see the module doc).
+  checkpoints are written and what they hold differ (see the module doc),
+  and `run` ends with a checkpoint of its last step.
   It also stops at a NaN or infinite loss, and reports progress between
   evals to `progress_log` (None: nowhere).
   """
@@ -197,6 +219,12 @@ class ResumableLoop(training.Loop):
       if self._progress is not None:
         self._progress.close()
         self._progress = None
+    # Trax saves only at checkpoint steps: a run whose last step is none
+    # (steps not a multiple of the checkpoint interval) would lose the
+    # steps since the last one, and a rerun would train them again.
+    if (self._output_dir is not None and self.is_chief
+        and checkpoint_step(self._output_dir) != self.step):
+      self.save_checkpoint('model')
 
   def run_evals(self, summary_writers=None):
     super().run_evals(summary_writers)

@@ -14,6 +14,8 @@ import socket
 import sys
 import time
 
+from trax_qkv import files
+
 LOCK_FILE = '.trax_qkv.lock'
 
 
@@ -24,27 +26,29 @@ class OutputDirBusyError(ValueError):
 @contextlib.contextmanager
 def hold_output_dir(output_dir):
   """Within the block this process holds `output_dir` (created if needed);
-  raises OutputDirBusyError, naming the holder, if a live process does."""
+  raises OutputDirBusyError, naming the holder, if a live process does.
+
+  The lock file is opened as `files.open_lock_file` does (never through a
+  symbolic link); the holder's line is written only once the lock is held.
+  """
   os.makedirs(output_dir, exist_ok=True)
-  f = open(os.path.join(output_dir, LOCK_FILE), 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
+  fd = files.open_lock_file(output_dir, LOCK_FILE)
   try:
-    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    f.seek(0)
-    holder = f.read().strip() or 'a process that has not named itself yet'
-    f.close()
-    raise OutputDirBusyError(
-        f'output_dir {output_dir} is in use by a running job ({holder}); '
-        'wait for it to end, or choose another output directory.') from None
-  f.seek(0)
-  f.truncate()
-  f.write(f'pid {os.getpid()} on {socket.gethostname()}, started '
-          f'{time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(sys.argv)}\n')
-  f.flush()
-  try:
-    yield
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = os.pread(fd, 4096, 0).decode('utf-8', 'replace').strip()
+      raise OutputDirBusyError(
+          f'output_dir {output_dir} is in use by a running job '
+          f'({holder or "a process that has not named itself yet"}); wait '
+          'for it to end, or choose another output directory.') from None
+    line = (f'pid {os.getpid()} on {socket.gethostname()}, started '
+            f'{time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(sys.argv)}\n')
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, line.encode('utf-8'), 0)
+    try:
+      yield
+    finally:
+      os.ftruncate(fd, 0)
   finally:
-    f.seek(0)
-    f.truncate()
-    fcntl.flock(f, fcntl.LOCK_UN)
-    f.close()
+    os.close(fd)  # closing drops the lock

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 
+from trax_qkv import files
 from trax_qkv.data import pipeline
 from trax_qkv.models import registry
 
@@ -55,24 +56,80 @@ def save(run_dir, settings, vocab_path):
   if missing:
     raise ValueError(f'model settings lack {missing}.')
   os.makedirs(run_dir, exist_ok=True)
-  for name, write in (
-      (VOCAB_FILE, lambda tmp: shutil.copyfile(vocab_path, tmp)),
-      (SETTINGS_FILE, lambda tmp: _write_json(tmp, settings))):
-    tmp = os.path.join(run_dir, name + '.tmp')
-    write(tmp)
-    os.replace(tmp, os.path.join(run_dir, name))
-
-
-def _write_json(path, value):
-  with open(path, 'w', encoding='utf-8') as f:
-    json.dump(value, f, indent=2)
+  with files.atomic_path(os.path.join(run_dir, VOCAB_FILE)) as tmp:
+    shutil.copyfile(vocab_path, tmp)
+  files.write_json(os.path.join(run_dir, SETTINGS_FILE), settings)
 
 
 ModelDir = collections.namedtuple('ModelDir', 'path settings vocab checkpoint')
 
 
+def _read_settings(path):
+  """model.json, checked: a dict with every setting, each of its type."""
+  file = os.path.join(path, SETTINGS_FILE)
+  try:
+    with open(file, encoding='utf-8') as f:
+      settings = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ModelDirError(f'{file} is not valid JSON ({e}); expected the '
+                        'settings a training run writes.') from None
+  if not isinstance(settings, dict):
+    raise ModelDirError(f'{file} holds a {type(settings).__name__}; '
+                        'expected a JSON object of model settings.')
+  for name in TRANSFORMER_SETTINGS + ('vocab_size',):
+    value = settings.get(name)
+    if name == 'dropout':
+      ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0.0 <= value < 1.0)
+      expected = 'a number in [0, 1)'
+    else:
+      ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+      expected = 'a positive int'
+    if not ok:
+      raise ModelDirError(
+          f'{file}: {name} must be {expected}; got '
+          + ('nothing (the key is missing)' if name not in settings
+             else repr(value)) + '.')
+  if settings['d_model'] % settings['n_heads']:
+    raise ModelDirError(f'{file}: d_model ({settings["d_model"]}) must be '
+                        f'divisible by n_heads ({settings["n_heads"]}).')
+  for site in registry.SITES:
+    if site in settings:
+      try:
+        registry.resolve_attention(site, settings[site])
+      except (TypeError, ValueError) as e:
+        raise ModelDirError(f'{file}: {e}') from None
+  if 'cross_attention' not in settings:
+    raise ModelDirError(f'{file}: cross_attention must name the '
+                        'attention the model was trained with; it is '
+                        'missing.')
+  return settings
+
+
+def _read_vocab(path, settings):
+  """The vocabulary, checked against model.json's vocab_size."""
+  file = os.path.join(path, VOCAB_FILE)
+  try:
+    vocab = pipeline.load_vocab(path, VOCAB_FILE)
+    size = vocab.vocab_size
+  except (UnicodeDecodeError, ValueError) as e:
+    raise ModelDirError(f'{file} is not a subword vocabulary (one quoted '
+                        f'subword per line, UTF-8): {e}') from None
+  if size != settings['vocab_size']:
+    raise ModelDirError(
+        f'{file} has {size} subwords, but {SETTINGS_FILE} says the model '
+        f"was trained with vocab_size {settings['vocab_size']}: they are "
+        'not from the same run.')
+  return vocab
+
+
 def load(model_dir):
-  """The model in `model_dir`; ModelDirError says what is missing."""
+  """The model in `model_dir`, its settings and vocabulary checked.
+
+  Raises:
+    ModelDirError (a ValueError): what is missing or wrong, naming the
+      file. The checkpoint itself is read later, by `checkpoint_files`.
+  """
   path = os.path.abspath(os.path.expanduser(model_dir))
   if not os.path.isdir(path):
     raise ModelDirError(f'model_dir {path} is not a directory; expected the '
@@ -93,7 +150,5 @@ def load(model_dir):
           f'model_dir {path} has a checkpoint but no {name}: it was not '
           'written by trax-qkv-validate (which saves the model settings and '
           'vocabulary with each model); rerun that command to add them.')
-  with open(os.path.join(path, SETTINGS_FILE), encoding='utf-8') as f:
-    settings = json.load(f)
-  return ModelDir(path, settings,
-                  pipeline.load_vocab(path, VOCAB_FILE), checkpoint)
+  settings = _read_settings(path)
+  return ModelDir(path, settings, _read_vocab(path, settings), checkpoint)

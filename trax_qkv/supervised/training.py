@@ -11,6 +11,7 @@ training or writing.
 
 import inspect
 import os
+import tokenize
 
 import gin
 import trax.models
@@ -34,6 +35,10 @@ def check_output_dir(output_dir):
     raise ValueError('output_dir must be a directory path; got '
                      f'{output_dir!r}.')
   path = os.path.abspath(os.path.expanduser(output_dir))
+  if os.path.islink(path) and not os.path.exists(path):
+    raise ValueError(f'output_dir {path} is a symbolic link to '
+                     f'{os.readlink(path)}, which does not exist; remove the '
+                     'link or create its target.')
   if os.path.exists(path) and not os.path.isdir(path):
     raise ValueError(f'output_dir {path} is a file; expected a directory '
                      '(new or holding an earlier run to resume).')
@@ -55,10 +60,30 @@ def parse_configs(config_files=(), bindings=()):
     gin.add_config_file_search_path(os.path.dirname(os.path.abspath(path)))
   try:
     gin.parse_config_files_and_bindings(list(config_files), list(bindings))
-  except (SyntaxError, ValueError, KeyError, IOError) as e:
+  except (SyntaxError, ValueError, KeyError, IOError, ImportError,
+          TypeError, AttributeError, tokenize.TokenError) as e:
+    # gin reports a bad line by the parser's exception, a failed `import`
+    # in a config by the import's.
+    where = ' '.join(str(e).split())  # gin adds the file and line below
     raise ConfigError(f'gin could not use the configuration '
                       f'(files {list(config_files)}, bindings '
-                      f'{list(bindings)}): {e}') from e
+                      f'{list(bindings)}): {type(e).__name__}: '
+                      f'{where}') from None
+
+
+# trainer_lib.train's arguments that must be positive ints when bound.
+_POSITIVE_INT_ARGUMENTS = ('steps', 'eval_steps', 'eval_frequency')
+
+
+def check_train_settings():
+  """Raises ConfigError unless the parsed config's `train.steps`,
+  `train.eval_steps` and `train.eval_frequency` (when bound) are positive
+  ints, before anything is prepared or written."""
+  for name in _POSITIVE_INT_ARGUMENTS:
+    value = _bound('train', name, 1)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ConfigError(f'train.{name} must be a positive int; got '
+                        f'{value!r}.')
 
 
 def train_from_configs(config_files, bindings, output_dir):
@@ -66,9 +91,11 @@ def train_from_configs(config_files, bindings, output_dir):
   output_dir = check_output_dir(output_dir)
   gin.clear_config()
   parse_configs(config_files, bindings)
+  check_train_settings()
   patches.reset_data_counters()
   with locking.hold_output_dir(output_dir), patches.trainer_loop_class(
       checkpointing.ResumableLoop):
+    checkpointing.check_checkpoint_files(output_dir)
     settings = translation_model_settings()
     # Written before a fresh run (so that a killed one has it too), and
     # after training (a resumed run's settings are checked against its

@@ -1,5 +1,7 @@
 """Translating sentences with a trained model directory."""
 
+import math
+
 import numpy as np
 from trax import shapes
 
@@ -9,10 +11,43 @@ from trax_qkv.supervised import model_dir as model_dir_lib
 from trax_qkv.supervised.progress import Progress
 
 
+def longest_output(settings):
+  """The most tokens a model can decode: with EOS within its max_len (its
+  positional encoding has no positions beyond that)."""
+  return settings['max_len'] - 1
+
+
 def default_max_length(settings, source_length):
-  """Decoded tokens at most: twice the source and 10, and with EOS within
-  the model's max_len."""
-  return min(settings['max_len'] - 1, 2 * source_length + 10)
+  """Decoded tokens at most: twice the source and 10, within
+  `longest_output`."""
+  return min(longest_output(settings), 2 * source_length + 10)
+
+
+def check_sources_fit(sources, settings, numbers):
+  """Raises ValueError naming the sentences (by `numbers`, 1-based) whose
+  subwords with EOS exceed the model's max_len, before anything is
+  decoded: the encoder has no positions for them."""
+  longest = settings['max_len']
+  too_long = [(n, len(ids)) for n, ids in zip(numbers, sources)
+              if len(ids) > longest]
+  if too_long:
+    shown = ', '.join(f'{n} ({length} subwords)'
+                      for n, length in too_long[:5])
+    more = f' and {len(too_long) - 5} more' if len(too_long) > 5 else ''
+    raise ValueError(
+        f'{len(too_long)} sentence(s) are longer than the model takes '
+        f'({longest} subwords with EOS, its max_len): sentence {shown}'
+        f'{more}. Nothing was translated; split or shorten them.')
+
+
+def check_checkpoint(model, model_fn):
+  """Raises a ValueError unless the checkpoint of `model` (a ModelDir) is
+  safe to read, whole, and has the weights `model_fn` builds (Trax's
+  loader would quietly keep fresh weights where one does not fit)."""
+  probe = model_fn(mode='eval')
+  probe.init(shapes.signature((np.zeros((1, 1), np.int32),
+                               np.zeros((1, 1), np.int32))))
+  checkpointing.check_checkpoint_fits(probe, model.path)
 
 
 def translate(model_dir, sentences, **options):
@@ -45,21 +80,30 @@ def translate_ids(model_dir, sentences, n_beams=1, alpha=0.6,
   for name, value in (('n_beams', n_beams), ('batch_size', batch_size)):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f'{name} must be a positive int; got {value!r}.')
+  if not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or (
+      alpha < 0):
+    raise ValueError(f'alpha must be a finite number >= 0; got {alpha!r}.')
   model = (model_dir if isinstance(model_dir, model_dir_lib.ModelDir)
            else model_dir_lib.load(model_dir))
+  if max_length is not None and not (
+      isinstance(max_length, int)
+      and 1 <= max_length <= longest_output(model.settings)):
+    raise ValueError(
+        f'max_length must be an int from 1 to '
+        f'{longest_output(model.settings)} (the model\'s max_len '
+        f"{model.settings['max_len']}, less one for EOS); got "
+        f'{max_length!r}.')
   model_fn = model_dir_lib.transformer_fn(model.settings, cross_attention)
   todo = [i for i, s in enumerate(sentences) if s.strip()]
   sources = decoding.encode_sources(model.vocab,
                                     [sentences[i] for i in todo])
   if not sources:
     return [None] * len(sentences)
+  check_sources_fit(sources, model.settings, [i + 1 for i in todo])
   source_length = max(len(s) for s in sources)
   max_length = max_length or default_max_length(model.settings,
                                                 source_length)
-  probe = model_fn(mode='eval')
-  probe.init(shapes.signature((np.zeros((1, source_length), np.int32),
-                               np.zeros((1, 1), np.int32))))
-  checkpointing.check_checkpoint_fits(probe, model.path)
+  check_checkpoint(model, model_fn)
   # Batches as trax-qkv-validate makes them, so decodes are the same.
   batch = decoding.sentences_per_batch(batch_size, n_beams, len(sources))
   prepared = decoding.predict_model(model_fn, model.checkpoint,

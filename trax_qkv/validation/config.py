@@ -6,8 +6,13 @@ The defaults are the embedded numbers run.
 
 import dataclasses
 import json
+import math
 import os
 
+from trax.supervised import lr_schedules
+
+from trax_qkv import data as data_lib
+from trax_qkv import files
 from trax_qkv.models import registry
 from trax_qkv.supervised import scoring
 
@@ -89,10 +94,23 @@ class ValidationConfig:
     """Raises ValueError naming the first setting that cannot be used."""
     for name in ('vocab_size', 'd_model', 'd_ff', 'n_layers', 'n_heads',
                  'max_length', 'batch_size', 'steps', 'eval_every',
-                 'decode_batch_size', 'n_beams'):
+                 'decode_batch_size', 'n_beams', 'warmup_steps'):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f'{name} must be a positive int; got {value!r}.')
+    if not (isinstance(self.learning_rate, (int, float))
+            and math.isfinite(self.learning_rate) and self.learning_rate > 0):
+      raise ValueError('learning_rate must be a finite number > 0; got '
+                       f'{self.learning_rate!r}.')
+    try:  # Trax's schedule names its unknown factors only when called
+      lr_schedules.multifactor(factors=self.lr_factors,
+                               warmup_steps=self.warmup_steps)(1)
+    except (ValueError, AttributeError) as e:
+      raise ValueError(
+          f'lr_factors must be factor names joined by "*" that Trax\'s '
+          f"multifactor schedule knows, e.g. 'constant * linear_warmup * "
+          f"rsqrt_decay'; got {self.lr_factors!r} ({e}).") from None
+    self.keys = data_lib.check_keys(self.keys)
     for name in ('beam_sentences', 'heatmap_sentences'):
       value = getattr(self, name)
       if value is None and name == 'beam_sentences':
@@ -159,8 +177,15 @@ def check_same_run(config, output_dir):
   path = os.path.join(output_dir, RUN_CONFIG)
   if not os.path.exists(path):
     return
-  with open(path) as f:
-    earlier = json.load(f)
+  try:
+    with open(path, encoding='utf-8') as f:
+      earlier = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f'{path} is not valid JSON ({e}); it is not a run of '
+                     'trax-qkv-validate. Choose a new --output_dir.') from None
+  if not isinstance(earlier, dict):
+    raise ValueError(f'{path} holds no settings; it is not a run of '
+                     'trax-qkv-validate. Choose a new --output_dir.')
   defaults = json.loads(json.dumps(dataclasses.asdict(type(config)())))
   current = json.loads(json.dumps(dataclasses.asdict(config)))  # lists
   changed = [f'{k} {earlier.get(k, defaults[k])!r} -> {v!r}'
@@ -175,5 +200,5 @@ def check_same_run(config, output_dir):
 
 
 def write_run_config(config, output_dir):
-  with open(os.path.join(output_dir, RUN_CONFIG), 'w') as f:
-    json.dump(dataclasses.asdict(config), f, indent=2)
+  files.write_json(os.path.join(output_dir, RUN_CONFIG),
+                   dataclasses.asdict(config))

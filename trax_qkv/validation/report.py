@@ -8,6 +8,7 @@ import functools
 
 import numpy as np
 
+from trax_qkv import files
 from trax_qkv.models.registry import SITES
 
 
@@ -47,6 +48,14 @@ def font_for(texts):
   return None
 
 
+def _save(fig, path, dpi):
+  """Writes `fig` to `path` as PNG, whole (whatever its suffix: matplotlib
+  would otherwise append '.png' to a path without one), and closes it."""
+  with files.atomic_path(path) as tmp:
+    fig.savefig(tmp, dpi=dpi, format='png')
+  _pyplot().close(fig)
+
+
 def plot_loss_curves(histories, path):
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(7, 4))
@@ -59,8 +68,7 @@ def plot_loss_curves(histories, path):
   ax.legend()
   ax.set_title('Training loss, same seed and batches')
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _save(fig, path, dpi=120)
 
 
 def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
@@ -94,8 +102,7 @@ def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
       ax.set_yticklabels(target_tokens, fontsize=6, fontproperties=properties)
   fig.suptitle(title, fontsize=9, fontproperties=properties)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, path, dpi=110)
   return font
 
 

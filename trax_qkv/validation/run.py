@@ -9,7 +9,6 @@ losses are those of the built-in ('trax'), bit for bit.
 
 import dataclasses
 import itertools
-import json
 import os
 import time
 
@@ -20,6 +19,7 @@ from trax.supervised import lr_schedules
 from trax.supervised import training
 
 from trax_qkv import data as data_lib
+from trax_qkv import files
 from trax_qkv import patches
 from trax_qkv.models import registry
 from trax_qkv.supervised import attention_maps
@@ -167,8 +167,7 @@ def _eval_metric(loop, name):
 
 
 def _write_lines(path, lines):
-  with open(path, 'w', encoding='utf-8') as f:
-    f.writelines(line + '\n' for line in lines)
+  files.write_text(path, ''.join(line + '\n' for line in lines))
 
 
 def run_validation(config, output_dir, log=print):
@@ -181,12 +180,14 @@ def run_validation(config, output_dir, log=print):
   """
   config.check()
   output_dir = check_output_dir(output_dir)
-  config_lib.check_same_run(config, output_dir)
-  log(f'preparing data {config.source_dir or config.dataset} ...')
-  data = data_lib.prepare_translation_data(
-      config.dataset, config.keys, config.source_dir, config.data_dir,
-      config.vocab_size)
   with locking.hold_output_dir(output_dir):
+    config_lib.check_same_run(config, output_dir)
+    for name in config.implementations:
+      checkpointing.check_checkpoint_files(os.path.join(output_dir, name))
+    log(f'preparing data {config.source_dir or config.dataset} ...')
+    data = data_lib.prepare_translation_data(
+        config.dataset, config.keys, config.source_dir, config.data_dir,
+        config.vocab_size)
     return _run(config, output_dir, data, log)
 
 
@@ -287,8 +288,8 @@ def _run(config, output_dir, data, log):
         [x == y for x, y in zip(decodes[a], decodes[b])]))
   report.plot_loss_curves(histories,
                           os.path.join(output_dir, 'loss_curves.png'))
-  with open(os.path.join(output_dir, 'summary.json'), 'w') as f:
-    json.dump(summary, f, indent=2, default=str)
-  with open(os.path.join(output_dir, 'report.md'), 'w') as f:
-    f.write(report.render_report(summary, names))
+  files.write_json(os.path.join(output_dir, 'summary.json'), summary,
+                   default=str)
+  files.write_text(os.path.join(output_dir, 'report.md'),
+                   report.render_report(summary, names))
   return summary

@@ -1,0 +1,93 @@
+"""Writing files whole, and locks on directories.
+
+Every file a run writes appears whole or not at all: it is written to a
+temporary file beside its destination and renamed onto it (`atomic_path`),
+so a kill, a full disk or a second reader never sees half a file.
+
+Locks are `flock`s on a file in the directory they guard. The lock file is
+opened without following a symbolic link and must be a regular file, so a
+link planted there cannot make a run write through it; it is never
+truncated. The kernel drops a lock when its process ends, however it ends.
+
+This module uses the standard library only.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import stat
+import tempfile
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+  """Yields a temporary path beside `path`; when the block ends without an
+  exception it is renamed onto `path`, else removed.
+
+  Args:
+    path: the file to write (its directory must exist).
+  """
+  directory, name = os.path.split(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp', dir=directory)
+  os.close(fd)
+  try:
+    yield tmp
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def write_text(path, text):
+  """Writes `text` (UTF-8) to `path` whole."""
+  with atomic_path(path) as tmp:
+    with open(tmp, 'w', encoding='utf-8') as f:
+      f.write(text)
+
+
+def write_json(path, value, **options):
+  """Writes `value` as indented JSON to `path` whole; `options` go to
+  json.dumps (e.g. default=str)."""
+  write_text(path, json.dumps(value, indent=2, **options) + '\n')
+
+
+class LockFileError(ValueError):
+  """The lock file is a symbolic link or not a regular file."""
+
+
+def open_lock_file(directory, name):
+  """Opens (creating) `directory/name` for a lock, read-write, without
+  following a symbolic link; raises LockFileError unless it is a regular
+  file. Returns the file descriptor."""
+  path = os.path.join(directory, name)
+  try:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+  except OSError:
+    if os.path.islink(path):
+      raise LockFileError(
+          f'{path} is a symbolic link; a lock file must be a regular file. '
+          'Remove it (nothing of a run lives there).') from None
+    if not os.path.isdir(path):
+      raise
+    fd = None
+  if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
+    if fd is not None:
+      os.close(fd)
+    raise LockFileError(f'{path} is not a regular file; a lock file must '
+                        'be one. Remove it.')
+  return fd
+
+
+@contextlib.contextmanager
+def locked(directory, name):
+  """Within the block this process holds an exclusive lock of `directory`
+  (created if needed) through `directory/name`, waiting for any other
+  holder first. Yields the lock's file descriptor."""
+  os.makedirs(directory, exist_ok=True)
+  fd = open_lock_file(directory, name)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield fd
+  finally:
+    os.close(fd)  # closing drops the lock
