@@ -2,15 +2,18 @@
 
   trax-qkv-bench                   # layers, then models, runs/bench/
   trax-qkv-bench --only models     # whole trax.models, plugin in every site
+  trax-qkv-bench --only checkpoints  # resuming: Trax's reader and ours
   trax-qkv-bench --quick           # small shapes, a smoke test
 
 Prints each contender's time and its speed-up over the built-in, all
 measured interleaved in this one run, with the spread of the per-round
 ratios; writes bench.json / bench.md (layers) and bench_models.json /
-bench_models.md (models) to --output_dir.
+bench_models.md (models), bench_checkpoints.json / .md (checkpoints) to
+--output_dir.
 """
 
 from trax_qkv import cli
+from trax_qkv.benchmarks import checkpoints as checkpoint_bench
 from trax_qkv.benchmarks import layers as bench
 from trax_qkv.benchmarks import models as model_bench
 
@@ -22,10 +25,12 @@ def build_parser():
   parser.add_argument('--quick', action='store_true',
                       help='small shapes only (a smoke test, not the table)')
   parser.add_argument(
-      '--only', choices=('layers', 'models'), default=None,
+      '--only', choices=('layers', 'models', 'checkpoints'), default=None,
       help='run one part: the attention layers (AttentionQKV alone, ~15 '
-      'min on 2 cores) or whole trax.models with the plugin in every site '
-      '(TransformerLM, Transformer; ~15 min); default both')
+      'min on 2 cores), whole trax.models with the plugin in every site '
+      '(TransformerLM, Transformer; ~15 min) or loading a checkpoint of '
+      "the Multi30k-sized model with Trax's reader and trax_qkv's (~2 "
+      'min); default layers and models')
   return parser
 
 
@@ -43,4 +48,11 @@ def main(argv=None):
     print(model_bench.markdown(results))
     print(f'written to {args.output_dir}/bench_models.json and '
           'bench_models.md')
+  if args.only == 'checkpoints':
+    results = checkpoint_bench.run(
+        rounds=max(args.rounds, checkpoint_bench.DEFAULT_ROUNDS))
+    checkpoint_bench.write(results, args.output_dir)
+    print(checkpoint_bench.markdown(results))
+    print(f'written to {args.output_dir}/bench_checkpoints.json and '
+          'bench_checkpoints.md')
   return 0

@@ -187,6 +187,7 @@ class ResumableLoop(training.Loop):
     if output_dir is not None:
       finish_interrupted_save(os.path.expanduser(output_dir))
     self._pending_checkpoints = []
+    self._saved_step = 0  # of the checkpoint 'model' on disk
     self._evals_done_at = None
     self._in_run = False
     self._progress = None
@@ -222,8 +223,7 @@ class ResumableLoop(training.Loop):
     # Trax saves only at checkpoint steps: a run whose last step is none
     # (steps not a multiple of the checkpoint interval) would lose the
     # steps since the last one, and a rerun would train them again.
-    if (self._output_dir is not None and self.is_chief
-        and checkpoint_step(self._output_dir) != self.step):
+    if self._output_dir is not None and self._saved_step != self.step:
       self.save_checkpoint('model')
 
   def run_evals(self, summary_writers=None):
@@ -269,6 +269,8 @@ class ResumableLoop(training.Loop):
           'running the same command again resumes from it.') from e
     _fsync_dir(output_dir)
     finish_interrupted_save(output_dir)
+    if basename == 'model':
+      self._saved_step = self.step
 
   def load_checkpoint(self, directory=None, filename=None):
     directory = directory or self._output_dir
@@ -280,6 +282,8 @@ class ResumableLoop(training.Loop):
       check_checkpoint_fits(self._model, directory, filename,
                             [t.slots for t in self._trainer_per_task])
       super().load_checkpoint(directory, filename)
+    if directory == self._output_dir and filename == 'model':
+      self._saved_step = self.step
     rng_file = os.path.join(directory, filename + RNG_SUFFIX)
     if os.path.exists(rng_file):
       self._rng = np.load(rng_file)

@@ -180,14 +180,17 @@ def run_validation(config, output_dir, log=print):
   """
   config.check()
   output_dir = check_output_dir(output_dir)
+  # Refused before data is prepared or the directory is touched; checked
+  # again once it is held, where no other run can change it.
+  config_lib.check_same_run(config, output_dir)
+  log(f'preparing data {config.source_dir or config.dataset} ...')
+  data = data_lib.prepare_translation_data(
+      config.dataset, config.keys, config.source_dir, config.data_dir,
+      config.vocab_size)
   with locking.hold_output_dir(output_dir):
     config_lib.check_same_run(config, output_dir)
     for name in config.implementations:
       checkpointing.check_checkpoint_files(os.path.join(output_dir, name))
-    log(f'preparing data {config.source_dir or config.dataset} ...')
-    data = data_lib.prepare_translation_data(
-        config.dataset, config.keys, config.source_dir, config.data_dir,
-        config.vocab_size)
     return _run(config, output_dir, data, log)
 
 

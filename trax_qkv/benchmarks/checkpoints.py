@@ -1,0 +1,91 @@
+"""Resuming from a checkpoint: Trax's reader against trax_qkv's.
+
+A real checkpoint of the main job's Multi30k-sized Transformer (vocabulary
+8192, d_model 256, d_ff 1024, 3+3 layers, Adam) is written by one training
+step, then loaded again and again, interleaved (`timing.interleaved_times`):
+
+  - 'trax': `training.Loop.load_checkpoint` as Trax 1.4.1 reads it (its
+    pickle.load and np_from_file, `patches.trax_checkpoint_reading`);
+  - 'trax_qkv': `ResumableLoop.load_checkpoint`: the restricted unpickler,
+    the complete-file check of every weight and slot file, and the shape
+    check of weights and optimizer slots against the model.
+"""
+
+import os
+import tempfile
+
+import jax
+import numpy as np
+import trax
+from trax import layers as tl
+from trax.supervised import training
+
+from trax_qkv import patches
+from trax_qkv.benchmarks import models
+from trax_qkv.benchmarks import timing
+from trax_qkv.supervised import checkpointing
+
+DEFAULT_ROUNDS = 7
+
+
+def _loop(loop_class, output_dir, vocab=8192):
+  model = models.build(models._translation, models.BUILTIN, 'train')  # pylint: disable=protected-access
+
+  def batches():
+    rng = np.random.RandomState(0)
+    while True:
+      source = rng.randint(1, vocab, (8, 32)).astype(np.int32)
+      target = rng.randint(1, vocab, (8, 32)).astype(np.int32)
+      yield source, target, target, np.ones((8, 32), np.float32)
+  task = training.TrainTask(batches(), tl.WeightedCategoryCrossEntropy(),
+                            trax.optimizers.Adam(0.001))
+  return loop_class(model, [task], output_dir=output_dir, random_seed=0,
+                    checkpoint_at=lambda step: True)
+
+
+def run(rounds=DEFAULT_ROUNDS, log=print):
+  """Times both readers on one checkpoint; returns the results dict."""
+  with tempfile.TemporaryDirectory() as output_dir:
+    log('writing a checkpoint of the Multi30k-sized model ...')
+    writer = _loop(checkpointing.ResumableLoop, output_dir)
+    writer.progress_log = None
+    writer.run(1)
+    size = sum(os.path.getsize(os.path.join(output_dir, f))
+               for f in os.listdir(output_dir) if f.startswith('model.'))
+    trax_loop = _loop(training.Loop, output_dir)
+    ours = _loop(checkpointing.ResumableLoop, output_dir)
+
+    def trax_load():
+      with patches.trax_checkpoint_reading():
+        training.Loop.load_checkpoint(trax_loop)
+
+    log(f'loading it ({size / 2**20:.0f} MB), {rounds} rounds ...')
+    times = timing.interleaved_times(
+        {'trax': trax_load, 'trax_qkv': ours.load_checkpoint}, rounds,
+        settle=timing.settle_seconds())
+  ratios = [t / b for t, b in zip(times['trax_qkv'], times['trax'])]
+  return {'device': jax.devices()[0].device_kind, 'rounds': rounds,
+          'checkpoint_mb': size / 2**20, 'times_s': times,
+          'ratio_median': float(np.median(ratios)),
+          'ratio_quartiles': [float(q) for q in
+                              np.percentile(ratios, (25, 75))]}
+
+
+def markdown(results):
+  times = results['times_s']
+  low, high = results['ratio_quartiles']
+  return (
+      f"Checkpoint of the Multi30k-sized model ({results['checkpoint_mb']:.0f}"
+      f" MB on disk), {results['rounds']} interleaved rounds on "
+      f"{results['device']}.\n\n"
+      '| reader | load seconds (median) | trax_qkv / Trax |\n|---|---|---|\n'
+      f"| Trax 1.4.1 (`Loop.load_checkpoint`) | {np.median(times['trax']):.3f}"
+      ' | |\n'
+      f"| trax_qkv (`ResumableLoop.load_checkpoint`) | "
+      f"{np.median(times['trax_qkv']):.3f} | **{results['ratio_median']:.2f}"
+      f"×** [{low:.2f}–{high:.2f}] |\n")
+
+
+def write(results, output_dir):
+  timing.write_results(results, output_dir, 'bench_checkpoints',
+                       markdown(results))
