@@ -455,3 +455,31 @@ def test_a_failed_write_leaves_the_old_file(tmp_path):
     files.write_json(path, {'a': object()})
   assert json.loads(path.read_text()) == {'a': 1}
   assert os.listdir(tmp_path) == ['summary.json']
+
+
+# ------------------------------------------ a model directory of release 0.2.0
+
+RELEASE_0_2_0 = os.path.join(os.path.dirname(__file__), 'data',
+                             'release_0.2.0')
+
+
+def test_a_model_directory_of_release_0_2_0_loads_bit_for_bit(tmp_path):
+  model = tmp_path / 'model'
+  shutil.copytree(RELEASE_0_2_0, model)
+  _assert_loads_as_pickle(model)
+  checkpointing.check_checkpoint_files(str(model))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('n_beams,decodes', [(1, 'decodes_greedy.txt'),
+                                             (2, 'decodes_beam2.txt')])
+def test_a_model_directory_of_release_0_2_0_translates_as_it_did(
+    n_beams, decodes, capsys):
+  sources = open(os.path.join(RELEASE_0_2_0, 'sources.txt'),
+                 encoding='utf-8').read().splitlines()
+  assert command('translate').main(
+      ['--model_dir', RELEASE_0_2_0, '--beam', str(n_beams), '--batch_size',
+       '100', '--max_length', '16'] + sources) == 0
+  expected = open(os.path.join(RELEASE_0_2_0, decodes),
+                  encoding='utf-8').read().splitlines()
+  assert capsys.readouterr().out.splitlines() == expected

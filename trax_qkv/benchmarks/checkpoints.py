@@ -36,7 +36,7 @@ def _loop(loop_class, output_dir, vocab=8192):
     while True:
       source = rng.randint(1, vocab, (8, 32)).astype(np.int32)
       target = rng.randint(1, vocab, (8, 32)).astype(np.int32)
-      yield source, target, target, np.ones((8, 32), np.float32)
+      yield source, target, np.ones((8, 32), np.float32)
   task = training.TrainTask(batches(), tl.WeightedCategoryCrossEntropy(),
                             trax.optimizers.Adam(0.001))
   return loop_class(model, [task], output_dir=output_dir, random_seed=0,
