@@ -10,6 +10,10 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
+import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -483,3 +487,35 @@ def test_a_model_directory_of_release_0_2_0_translates_as_it_did(
   expected = open(os.path.join(RELEASE_0_2_0, decodes),
                   encoding='utf-8').read().splitlines()
   assert capsys.readouterr().out.splitlines() == expected
+
+
+def test_data_preparation_waits_for_the_data_dir_lock(tmp_path):
+  """A second run sharing data_dir prepares nothing while another holds
+  it (a real second process), and proceeds once it is free."""
+  from trax_qkv import data as data_lib  # pylint: disable=g-import-not-at-top
+  holder = subprocess.Popen(
+      [sys.executable, '-c', textwrap.dedent(f"""
+          import sys, time
+          sys.path.insert(0, {os.path.dirname(os.path.dirname(
+              checkpoint_files.__file__))!r})
+          from trax_qkv import files
+          with files.locked({str(tmp_path)!r}, {data_lib.DATA_LOCK_FILE!r}):
+            print('held', flush=True)
+            time.sleep(600)
+          """)], stdout=subprocess.PIPE, text=True)
+  done = []
+  try:
+    assert holder.stdout.readline().strip() == 'held'
+    worker = threading.Thread(target=lambda: done.append(
+        data_lib.prepare_translation_data('trax_qkv_numbers/tiny',
+                                          data_dir=str(tmp_path),
+                                          vocab_size=200)))
+    worker.start()
+    worker.join(3)
+    assert worker.is_alive() and not done
+    assert not os.path.exists(tmp_path / 'trax_qkv_vocabs')
+  finally:
+    holder.kill()
+    holder.wait()
+  worker.join(300)
+  assert done and os.path.exists(tmp_path / 'trax_qkv_vocabs')

@@ -7,7 +7,6 @@ nor, on a GPU, the launch latency of a short kernel is what is measured
 (see `interleaved_times`).
 """
 
-import json
 import math
 import os
 import resource
@@ -16,6 +15,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from trax_qkv import files
 
 # Seconds to pause before each timed call on a CPU (see interleaved_times).
 CPU_SETTLE_SECONDS = 0.3
@@ -124,7 +125,5 @@ def compile_with_temp_bytes(fn, *args):
 def write_results(results, output_dir, name, table):
   """{output_dir}/{name}.json (the results) and {name}.md (`table`)."""
   os.makedirs(output_dir, exist_ok=True)
-  with open(os.path.join(output_dir, f'{name}.json'), 'w') as f:
-    json.dump(results, f, indent=2)
-  with open(os.path.join(output_dir, f'{name}.md'), 'w') as f:
-    f.write(table)
+  files.write_json(os.path.join(output_dir, f'{name}.json'), results)
+  files.write_text(os.path.join(output_dir, f'{name}.md'), table)

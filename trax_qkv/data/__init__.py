@@ -17,6 +17,7 @@ from trax_qkv.data.parallel_text import ParallelTextError
 from trax_qkv.data.parallel_text import parallel_text_dataset
 from trax_qkv.data.parallel_text import read_parallel_split
 from trax_qkv.data.parallel_text import split_files
+from trax_qkv.data.pipeline import DATA_LOCK_FILE
 from trax_qkv.data.pipeline import DEFAULT_DATA_DIR
 from trax_qkv.data.pipeline import EOS_ID
 from trax_qkv.data.pipeline import SeededShuffle
