@@ -111,7 +111,8 @@ def test_missing_directory_and_bad_keys(tmp_path):
     data.parallel_text_dataset(str(tmp_path / 'nope'), 'de', 'en')
   with pytest.raises(data.ParallelTextError, match='src must be a language'):
     data.parallel_text_dataset(str(tmp_path), '../de', 'en')
-  with pytest.raises(ValueError, match=r'keys must be two different \(source, target\)'):
+  with pytest.raises(ValueError,
+                     match=r'keys must be two different \(source, target\)'):
     data.translation_data(keys=('en',))
 
 

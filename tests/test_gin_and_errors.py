@@ -98,8 +98,8 @@ def test_trax_configs_keep_parsing_after_import():
       model = @trax.models.Transformer
   """)
   assert gin.query_parameter('DotProductCausalAttention.dropout') == 0.1
-  assert gin.query_parameter('ReformerLM.attention_type').configurable.selector == (
-      'trax.layers.CausalAttention')
+  reference = gin.query_parameter('ReformerLM.attention_type')
+  assert reference.configurable.selector == 'trax.layers.CausalAttention'
 
 
 # Bad input: one test each, each naming the parameter and expected form.

@@ -519,3 +519,11 @@ def test_data_preparation_waits_for_the_data_dir_lock(tmp_path):
     holder.wait()
   worker.join(300)
   assert done and os.path.exists(tmp_path / 'trax_qkv_vocabs')
+
+
+def test_a_damaged_run_config_is_named(tmp_path):
+  (tmp_path / config_lib.RUN_CONFIG).write_text('[1, 2]')
+  with pytest.raises(ValueError, match=r'validation_config.json holds a list;'
+                     r' expected a JSON object of trax-qkv-validate settings.'
+                     r' Choose a new --output_dir.'):
+    config_lib.check_same_run(config_lib.ValidationConfig(), str(tmp_path))

@@ -52,6 +52,25 @@ def write_json(path, value, **options):
   write_text(path, json.dumps(value, indent=2, **options) + '\n')
 
 
+def read_json_object(path, expected):
+  """The JSON object (a dict) in `path`.
+
+  Raises:
+    ValueError: naming `path` and `expected` (what the object should hold,
+      e.g. 'model settings'), when it is not UTF-8 JSON or not an object.
+  """
+  try:
+    with open(path, encoding='utf-8') as f:
+      value = json.load(f)
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f'{path} is not valid JSON ({e}); expected a JSON '
+                     f'object of {expected}.') from None
+  if not isinstance(value, dict):
+    raise ValueError(f'{path} holds a {type(value).__name__}; expected a '
+                     f'JSON object of {expected}.')
+  return value
+
+
 class LockFileError(ValueError):
   """The lock file is a symbolic link or not a regular file."""
 

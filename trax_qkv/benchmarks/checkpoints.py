@@ -29,7 +29,7 @@ DEFAULT_ROUNDS = 7
 
 
 def _loop(loop_class, output_dir, vocab=8192):
-  model = models.build(models._translation, models.BUILTIN, 'train')  # pylint: disable=protected-access
+  model = models.build(models.translation_model, models.BUILTIN, 'train')
 
   def batches():
     rng = np.random.RandomState(0)

@@ -43,7 +43,7 @@ def _long_source(mode, **kw):
                                  max_len=1024, dropout=0.1, mode=mode, **kw)
 
 
-def _translation(mode, **kw):
+def translation_model(mode, **kw):
   # The main job's model (README recipe) at its vocabulary size.
   return trax.models.Transformer(8192, d_model=256, d_ff=1024, n_heads=8,
                                  n_encoder_layers=3, n_decoder_layers=3,
@@ -57,10 +57,10 @@ CASES = {
     'TransformerLM 2x2048': (_lm, (2, 2048), (2, 64)),
     'TransformerLM 4x1024': (_lm, (4, 1024), (4, 64)),
     'Transformer 4x1024 -> 64': (_long_source, (4, 1024, 64), (4, 32)),
-    'Transformer 128x32 -> 32 (translation)': (_translation, (128, 32, 32),
-                                               (128, 32)),
+    'Transformer 128x32 -> 32 (translation)': (
+        translation_model, (128, 32, 32), (128, 32)),
 }
-VOCAB_SIZES = {_translation: 8192}
+VOCAB_SIZES = {translation_model: 8192}
 QUICK_CASES = {
     'TransformerLM 2x256': (_lm, (2, 256), (2, 16)),
     'Transformer 4x128 -> 16': (_long_source, (4, 128, 16), (4, 8)),

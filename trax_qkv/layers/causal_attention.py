@@ -55,7 +55,8 @@ def append_to_cache(cache, new_k, new_v):
 
 
 @assert_shape('bld,bld,bld->bld')
-@gin.configurable('QkvDotProductCausalAttention', module='trax_qkv', denylist=['mode'])
+@gin.configurable('QkvDotProductCausalAttention', module='trax_qkv',
+                  denylist=['mode'])
 class DotProductCausalAttention(base.Layer):
   """Maps per-head `(Q, K, V)` to activations, each position attending to
   itself and the positions before it.

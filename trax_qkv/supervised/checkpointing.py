@@ -112,7 +112,9 @@ class CheckpointWriteError(RunError):
 
 
 def _shapes(arrays):
-  return [np.shape(a) for a in arrays if a is not None and a is not ()]  # pylint: disable=literal-comparison
+  """Shapes of the arrays, skipping Trax's empty markers (None and ())."""
+  return [np.shape(a) for a in arrays
+          if a is not None and not (isinstance(a, tuple) and not a)]
 
 
 def _first_misfit(saved, expected, what):

@@ -9,7 +9,6 @@ these directories.
 
 import collections
 import functools
-import json
 import os
 import shutil
 
@@ -68,14 +67,9 @@ def _read_settings(path):
   """model.json, checked: a dict with every setting, each of its type."""
   file = os.path.join(path, SETTINGS_FILE)
   try:
-    with open(file, encoding='utf-8') as f:
-      settings = json.load(f)
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ModelDirError(f'{file} is not valid JSON ({e}); expected the '
-                        'settings a training run writes.') from None
-  if not isinstance(settings, dict):
-    raise ModelDirError(f'{file} holds a {type(settings).__name__}; '
-                        'expected a JSON object of model settings.')
+    settings = files.read_json_object(file, 'model settings')
+  except ValueError as e:
+    raise ModelDirError(str(e)) from None
   for name in TRANSFORMER_SETTINGS + ('vocab_size',):
     value = settings.get(name)
     if name == 'dropout':

@@ -178,14 +178,9 @@ def check_same_run(config, output_dir):
   if not os.path.exists(path):
     return
   try:
-    with open(path, encoding='utf-8') as f:
-      earlier = json.load(f)
-  except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f'{path} is not valid JSON ({e}); it is not a run of '
-                     'trax-qkv-validate. Choose a new --output_dir.') from None
-  if not isinstance(earlier, dict):
-    raise ValueError(f'{path} holds no settings; it is not a run of '
-                     'trax-qkv-validate. Choose a new --output_dir.')
+    earlier = files.read_json_object(path, 'trax-qkv-validate settings')
+  except ValueError as e:
+    raise ValueError(f'{e} Choose a new --output_dir.') from None
   defaults = json.loads(json.dumps(dataclasses.asdict(type(config)())))
   current = json.loads(json.dumps(dataclasses.asdict(config)))  # lists
   changed = [f'{k} {earlier.get(k, defaults[k])!r} -> {v!r}'
