@@ -527,3 +527,14 @@ def test_a_damaged_run_config_is_named(tmp_path):
                      r' expected a JSON object of trax-qkv-validate settings.'
                      r' Choose a new --output_dir.'):
     config_lib.check_same_run(config_lib.ValidationConfig(), str(tmp_path))
+
+
+def test_trax_rl_trajectories_load_as_pickle(tmp_path):
+  from trax.rl import task as rl_task  # pylint: disable=g-import-not-at-top
+  trajectory = rl_task.Trajectory(np.zeros(3, np.float32))
+  trajectory.extend(action=1, dist_inputs=np.ones(2), reward=0.5, done=False,
+                    new_observation=np.ones(3, np.float32))
+  path = tmp_path / 'task_epoch1.pkl'
+  trax_training.pickle_to_file([trajectory], str(path), gzip=True)
+  loaded, = trax_training.unpickle_from_file(str(path), gzip=True)
+  assert repr(loaded) == repr(trajectory)

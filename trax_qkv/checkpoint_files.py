@@ -45,6 +45,11 @@ ALLOWED_GLOBALS = frozenset([
     ('numpy._core.numeric', '_frombuffer'),
     ('jax._src.array', '_reconstruct_array'),  # jax.Array state
     ('trax.shapes', 'ShapeDtype'),  # the input signature
+    # trax.rl's task files (RLTask.save_to_file) read through the same
+    # Trax function: trajectories of named tuples and arrays.
+    ('trax.rl.task', 'Trajectory'),
+    ('trax.rl.task', 'TimeStepBatch'),
+    ('trax.rl.task', 'EnvInfo'),
 ])
 
 
