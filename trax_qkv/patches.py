@@ -19,12 +19,13 @@ the versions in TESTED_VERSIONS; elsewhere `apply()` warns.
 3. `trax.layers.acceleration.on_cpu`: Trax moves optimizer slots `on_cpu`,
    which now collapses such a sharded array onto CPU device 0 and `pmap`
    rejects it; an array already in CPU memory is left where it is.
-4. `trax.models.transformer.tl`: that module (and only it) sees a view of
-   `trax.layers` whose `Attention`, `CausalAttention` and `AttentionQKV`
-   are the dispatchers of `trax_qkv.models.registry` (one per site:
-   encoder self-attention, decoder self-attention, cross-attention), whose
-   default is the built-in layer. trax.models.transformer calls each of
-   these names in that one site only.
+4. `trax.models.transformer.tl`: that module (and only it) sees
+   `registry.layers_with_dispatchers()`, a view of `trax.layers` whose
+   `Attention`, `CausalAttention` and `AttentionQKV` are the dispatchers of
+   the sites (`registry.SITES`: encoder self-attention, decoder
+   self-attention, cross-attention), whose default is the built-in layer.
+   trax.models.transformer calls each of these names in that one site
+   only.
 5. `pickle` in `trax.supervised.training`, `trax.layers.base` and
    `trax.data.inputs`, and `trax.layers.np_from_file`: every checkpoint,
    weight, optimizer-slot and data-counter file Trax reads (`Loop`,
@@ -43,7 +44,6 @@ import contextlib
 import importlib
 import importlib.metadata
 import pickle
-import types
 import warnings
 
 import jax
@@ -59,6 +59,7 @@ from trax.supervised import trainer_lib
 from trax.supervised import training as trax_training
 
 from trax_qkv import checkpoint_files
+from trax_qkv.models import registry
 
 # Package -> the version prefixes the patches were written and tested for.
 TESTED_VERSIONS = {'trax': ('1.4.1',), 'jax': ('0.10.',)}
@@ -120,31 +121,6 @@ def _on_cpu(x):
   return fastmath.nested_map(move, x)
 
 
-class _LayersWithPluggableAttention(types.ModuleType):
-  """`trax.layers`, except that the attention layers of trax.models'
-  Transformers dispatch through the registry."""
-
-  # pylint: disable=invalid-name,g-import-not-at-top
-  @property
-  def Attention(self):
-    from trax_qkv.models import registry
-    return registry.EncoderSelfAttention
-
-  @property
-  def CausalAttention(self):
-    from trax_qkv.models import registry
-    return registry.DecoderSelfAttention
-
-  @property
-  def AttentionQKV(self):
-    from trax_qkv.models import registry
-    return registry.EncoderDecoderAttention
-  # pylint: enable=invalid-name,g-import-not-at-top
-
-  def __getattr__(self, name):
-    return getattr(trax.layers, name)
-
-
 def apply():
   """Applies patches 1-5 (see the module doc); idempotent."""
   global _applied
@@ -165,7 +141,7 @@ def apply():
   trax.layers.for_n_devices = _for_n_devices
   acceleration.on_cpu = _on_cpu
   trax.layers.on_cpu = _on_cpu
-  trax_transformer.tl = _LayersWithPluggableAttention('trax.layers')
+  trax_transformer.tl = registry.layers_with_dispatchers()
   _set_checkpoint_readers(checkpoint_files.SafePickleModule(),
                           checkpoint_files.np_from_file)
   _applied = True

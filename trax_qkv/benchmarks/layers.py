@@ -25,11 +25,12 @@ from trax.supervised import training
 import trax_qkv
 from trax_qkv.benchmarks import kernels as kernel_bench
 from trax_qkv.benchmarks import timing
+from trax_qkv.models import registry
 
 LAYER_SHAPES = ((32, 64, 64, 256, 8), (8, 256, 256, 256, 8),
                 (4, 1024, 1024, 256, 8), (1, 4096, 4096, 256, 8))
 CROSS_SHAPE = (4, 64, 8192, 256, 8)  # (batch, Lq, Lk, d_model, heads)
-BUILTIN = 'trax'  # the built-in layer, as the registry names it
+BUILTIN = registry.BUILTIN
 # Each contender's turn in a round times back-to-back calls for at least
 # this long (one call at length >= 1024; several at the small shapes).
 MIN_TURN_SECONDS = 0.1

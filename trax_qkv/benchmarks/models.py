@@ -24,11 +24,11 @@ from trax import shapes
 
 import trax_qkv
 from trax_qkv.benchmarks import timing
+from trax_qkv.models import registry
 
-BUILTIN = 'trax'
+BUILTIN = registry.BUILTIN
 CONTENDERS = (BUILTIN, 'reference', 'auto')
 DEFAULT_ROUNDS = 5
-SITES = ('self_attention', 'causal_attention', 'cross_attention')
 
 
 def _lm(mode, **kw):
@@ -71,7 +71,7 @@ def build(builder, contender, mode):
   """The model with `contender` in every attention site."""
   if contender == BUILTIN:
     return builder(mode)
-  with trax_qkv.use_attention(**{site: contender for site in SITES}):
+  with trax_qkv.use_attention(**dict.fromkeys(registry.SITES, contender)):
     return builder(mode)
 
 

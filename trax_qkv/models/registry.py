@@ -32,10 +32,13 @@ Select the plugin
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
+import types
 import warnings
 
 import gin
+import trax.layers
 from trax import layers as tl
 from trax.models import transformer as trax_transformer
 
@@ -43,14 +46,44 @@ from trax_qkv import kernels
 from trax_qkv import layers
 
 BUILTIN = 'trax'  # the name of Trax's own layer, in every site
-# Site -> (the trax.layers name that trax.models.transformer calls there,
-#          the built-in layer, ours).
-SITES = {
-    'self_attention': ('Attention', tl.Attention, layers.Attention),
-    'causal_attention': ('CausalAttention', tl.CausalAttention,
-                         layers.CausalAttention),
-    'cross_attention': ('AttentionQKV', tl.AttentionQKV, layers.AttentionQKV),
-}
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+  """One place where trax.models' Transformer family builds attention.
+
+  Everything per site derives from these records: the registry, the gin
+  dispatchers, the view of `trax.layers` that trax.models.transformer gets
+  (`layers_with_dispatchers`), training's saved settings, model
+  directories and the benchmarks. A new site is one more record.
+
+  Attributes:
+    name: the site's name in `use_attention`, `register_attention`,
+      model.json and `--sites`.
+    trax_name: the `trax.layers` name trax.models.transformer calls there.
+    builtin: Trax's layer (registered as BUILTIN).
+    ours: trax_qkv's drop-in, registered under every kernel name.
+    dispatcher: the gin name (module `trax_qkv`) of the site's dispatcher.
+    role: what the site is, in words.
+  """
+  name: str
+  trax_name: str
+  builtin: object
+  ours: object
+  dispatcher: str
+  role: str
+
+
+SITES = {site.name: site for site in (
+    Site('self_attention', 'Attention', tl.Attention, layers.Attention,
+         'EncoderSelfAttention', 'encoder self-attention'),
+    Site('causal_attention', 'CausalAttention', tl.CausalAttention,
+         layers.CausalAttention, 'DecoderSelfAttention',
+         'decoder causal self-attention'),
+    Site('cross_attention', 'AttentionQKV', tl.AttentionQKV,
+         layers.AttentionQKV, 'EncoderDecoderAttention',
+         'encoder-decoder (cross-) attention'),
+)}
 _REGISTRY = {site: {} for site in SITES}
 _overrides = {site: contextvars.ContextVar(f'trax_qkv_{site}', default=None)
               for site in SITES}
@@ -132,19 +165,18 @@ def resolve_cross_attention(implementation):
 
 
 @contextlib.contextmanager
-def use_attention(self_attention=None, causal_attention=None,
-                  cross_attention=None):
+def use_attention(**implementations):
   """Within the block, trax.models' Transformer family is built with these.
 
-  Each argument is a registered name ('trax', 'reference', 'auto', ...) or
-  a layer factory; None leaves the site as it is (the gin binding, or an
-  enclosing block). Every name is checked before anything is built.
+  Args:
+    **implementations: site name (`self_attention`, `causal_attention`,
+      `cross_attention`: `SITES`) -> a registered name ('trax',
+      'reference', 'auto', ...) or a layer factory; None leaves the site as
+      it is (the gin binding, or an enclosing block). Every site and name is
+      checked before anything is built.
   """
-  chosen = {'self_attention': self_attention,
-            'causal_attention': causal_attention,
-            'cross_attention': cross_attention}
-  chosen = {site: canonical_name(name) for site, name in chosen.items()
-            if name is not None}
+  chosen = {site: canonical_name(name)
+            for site, name in implementations.items() if name is not None}
   for site, name in chosen.items():
     resolve_attention(site, name)
   tokens = [(site, _overrides[site].set(name)) for site, name in chosen.items()]
@@ -160,59 +192,54 @@ def use_cross_attention(implementation):
   return use_attention(cross_attention=canonical_name(implementation))
 
 
-def _build(site, implementation, d_feature, kwargs):
-  chosen = _overrides[site].get() or implementation
-  return resolve_attention(site, chosen)(d_feature, **kwargs)
+def _make_dispatcher(site):
+  """The gin-configurable layer factory that trax.models calls in `site`.
 
+  It passes on only the arguments trax.models gives it, so that the chosen
+  layer's own defaults and gin bindings (e.g.
+  `trax.layers.CausalAttention.max_inference_length`) apply as before.
+  """
+  def dispatcher(d_feature, implementation=BUILTIN, **kwargs):
+    chosen = _overrides[site.name].get() or implementation
+    return resolve_attention(site.name, chosen)(d_feature, **kwargs)
 
-# The dispatchers pass on only the arguments trax.models gives them, so that
-# the chosen layer's own defaults and gin bindings (e.g.
-# `trax.layers.CausalAttention.max_inference_length`) apply as before.
-
-
-@gin.configurable(module='trax_qkv')
-def EncoderSelfAttention(d_feature, implementation=BUILTIN, **kwargs):  # pylint: disable=invalid-name
-  """The encoder self-attention that trax.models builds (`tl.Attention`).
+  dispatcher.__name__ = dispatcher.__qualname__ = site.dispatcher
+  dispatcher.__doc__ = f"""The {site.role} that trax.models builds
+  (`trax.layers.{site.trax_name}`).
 
   Args:
-    d_feature: as for `trax.layers.Attention`.
+    d_feature: as for `trax.layers.{site.trax_name}`.
     implementation: a name from `attention_implementations(
-        'self_attention')` or a layer factory; a `use_attention` block
-        takes precedence.
-    **kwargs: the other arguments of `trax.layers.Attention` (n_heads,
-        dropout, mode), passed on as given.
+        {site.name!r})` or a layer factory; a `use_attention` block takes
+        precedence.
+    **kwargs: the other arguments of `trax.layers.{site.trax_name}`,
+        passed on as given.
   """
-  return _build('self_attention', implementation, d_feature, kwargs)
+  return gin.configurable(site.dispatcher, module='trax_qkv')(dispatcher)
 
 
-@gin.configurable(module='trax_qkv')
-def DecoderSelfAttention(d_feature, implementation=BUILTIN, **kwargs):  # pylint: disable=invalid-name
-  """The causal self-attention that trax.models builds (`tl.CausalAttention`).
-
-  Args:
-    d_feature: as for `trax.layers.CausalAttention`.
-    implementation: a name from `attention_implementations(
-        'causal_attention')` or a layer factory; a `use_attention` block
-        takes precedence.
-    **kwargs: the other arguments of `trax.layers.CausalAttention` (n_heads,
-        dropout, max_inference_length, use_dconv, mode), passed on as given.
-  """
-  return _build('causal_attention', implementation, d_feature, kwargs)
+DISPATCHERS = {name: _make_dispatcher(site) for name, site in SITES.items()}
+EncoderSelfAttention = DISPATCHERS['self_attention']  # pylint: disable=invalid-name
+DecoderSelfAttention = DISPATCHERS['causal_attention']  # pylint: disable=invalid-name
+EncoderDecoderAttention = DISPATCHERS['cross_attention']  # pylint: disable=invalid-name
 
 
-@gin.configurable(module='trax_qkv')
-def EncoderDecoderAttention(d_feature, implementation=BUILTIN, **kwargs):  # pylint: disable=invalid-name
-  """The cross-attention layer that trax.models.Transformer builds
-  (`tl.AttentionQKV`).
+class _LayersWithDispatchers(types.ModuleType):
+  """`trax.layers`, except that each site's `trax_name` is its dispatcher."""
 
-  Args:
-    d_feature: as for `trax.layers.AttentionQKV`.
-    implementation: a name from `cross_attention_implementations()` or a
-        layer factory; a `use_attention` block takes precedence.
-    **kwargs: the other arguments of `trax.layers.AttentionQKV` (n_heads,
-        dropout, mode, cache_KV_in_predict), passed on as given.
-  """
-  return _build('cross_attention', implementation, d_feature, kwargs)
+  def __getattr__(self, name):
+    for site in SITES.values():
+      if name == site.trax_name:
+        return DISPATCHERS[site.name]
+    return getattr(trax.layers, name)
+
+
+def layers_with_dispatchers():
+  """The view of `trax.layers` that `trax_qkv.patches` gives
+  trax.models.transformer, which calls each site's `trax_name` in that
+  site only: there it is the site's dispatcher, whose default is the
+  built-in layer."""
+  return _LayersWithDispatchers('trax.layers')
 
 
 @gin.configurable(module='trax_qkv', denylist=['mode'])
@@ -245,8 +272,8 @@ def CrossAttentionTransformer(input_vocab_size,  # pylint: disable=invalid-name
         ff_activation=ff_activation)
 
 
-for _site, (_, _builtin, _ours) in SITES.items():
-  register_attention(_site, BUILTIN, _builtin)
+for _site in SITES.values():
+  register_attention(_site.name, BUILTIN, _site.builtin)
   for _name in kernels.IMPLEMENTATIONS:
-    register_attention(_site, _name,
-                       functools.partial(_ours, implementation=_name))
+    register_attention(_site.name, _name,
+                       functools.partial(_site.ours, implementation=_name))

@@ -12,6 +12,9 @@ import functools
 import os
 import shutil
 
+import trax.layers
+import trax.models
+
 from trax_qkv import files
 from trax_qkv.data import pipeline
 from trax_qkv.models import registry
@@ -29,29 +32,34 @@ class ModelDirError(ValueError):
 
 
 def transformer_fn(settings, cross_attention=None):
-  """model_fn(mode=...) of the Transformer that `settings` describe, with
-  `cross_attention` (default: the one it was trained with) and the self-
-  and causal attention it was trained with (Trax's, in directories written
-  before these were recorded)."""
-  self_sites = {site: settings.get(site, registry.BUILTIN)
-                for site in ('self_attention', 'causal_attention')}
+  """model_fn(mode=...) of the trax.models.Transformer that `settings`
+  describe, with the attention it was trained with in every site (Trax's
+  where a site is not recorded: directories written before it was), and
+  `cross_attention` instead, if given."""
+  chosen = {site: settings.get(site, registry.BUILTIN)
+            for site in registry.SITES}
+  if cross_attention is not None:
+    chosen['cross_attention'] = cross_attention
+  # Every argument explicit, so that no gin binding of Transformer changes
+  # the model a directory describes.
   build = functools.partial(
-      registry.CrossAttentionTransformer, settings['vocab_size'],
-      cross_attention=cross_attention or settings['cross_attention'],
+      trax.models.Transformer, settings['vocab_size'],
+      output_vocab_size=None, dropout_shared_axes=None,
+      ff_activation=trax.layers.Relu,
       **{k: settings[k] for k in TRANSFORMER_SETTINGS})
 
   def model_fn(mode='train'):
-    with registry.use_attention(**self_sites):
+    with registry.use_attention(**chosen):
       return build(mode=mode)
   return model_fn
 
 
 def save(run_dir, settings, vocab_path):
-  """Writes `settings` (vocab_size, cross_attention and every key of
-  TRANSFORMER_SETTINGS) and a copy of the vocabulary into `run_dir`."""
-  missing = [k for k in TRANSFORMER_SETTINGS + ('vocab_size',
-                                                'cross_attention')
-             if k not in settings]
+  """Writes `settings` (vocab_size, every key of TRANSFORMER_SETTINGS and
+  the attention of every site) and a copy of the vocabulary into
+  `run_dir`."""
+  missing = [k for k in TRANSFORMER_SETTINGS + ('vocab_size',)
+             + tuple(registry.SITES) if k not in settings]
   if missing:
     raise ValueError(f'model settings lack {missing}.')
   os.makedirs(run_dir, exist_ok=True)

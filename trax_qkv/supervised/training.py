@@ -20,6 +20,7 @@ from trax.supervised import trainer_lib
 import trax_qkv  # pylint: disable=unused-import  (configurables for configs)
 import trax_qkv.data  # pylint: disable=unused-import
 from trax_qkv import patches
+from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
@@ -131,9 +132,7 @@ def translation_model_settings():
               for name in model_dir.TRANSFORMER_SETTINGS}
   data = trax_qkv.data.translation_data()
   settings['vocab_size'] = data.vocab().vocab_size
-  for site, dispatcher in (('self_attention', 'EncoderSelfAttention'),
-                           ('causal_attention', 'DecoderSelfAttention'),
-                           ('cross_attention', 'EncoderDecoderAttention')):
-    settings[site] = _bound(f'trax_qkv.{dispatcher}', 'implementation',
-                            'trax')
+  for site in registry.SITES.values():
+    settings[site.name] = _bound(f'trax_qkv.{site.dispatcher}',
+                                 'implementation', registry.BUILTIN)
   return settings, os.path.join(data.vocab_dir, data.vocab_file)
