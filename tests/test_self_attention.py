@@ -278,6 +278,11 @@ def test_use_attention_rejects_unknown_names_before_building():
                      r"'reference', 'trax'\)"):
     with trax_qkv.use_attention(causal_attention='nope'):
       raise AssertionError('the block must not run')
+  with pytest.raises(ValueError, match=r"site must be one of \('self_attention"
+                     r"', 'causal_attention', 'cross_attention'\); got "
+                     r"'decoder'"):
+    with trax_qkv.use_attention(decoder='auto'):
+      raise AssertionError('the block must not run')
 
 
 def test_gin_binds_each_site():
