@@ -8,8 +8,10 @@ from trax_qkv.benchmarks import checkpoints
 @pytest.mark.slow
 def test_checkpoint_bench_times_both_readers():
   results = checkpoints.run(rounds=1, log=lambda line: None)
-  assert set(results['times_s']) == {'trax', 'trax_qkv'}
+  assert set(results['times_s']) == {'trax', 'trax_qkv', 'trax_qkv_resume'}
   assert results['checkpoint_mb'] > 50  # the Multi30k-sized model
-  assert results['ratio_median'] > 0
-  assert '| trax_qkv (`ResumableLoop.load_checkpoint`) |' in (
-      checkpoints.markdown(results))
+  assert results['trax_qkv_ratio_median'] > 0
+  assert results['trax_qkv_resume_ratio_median'] > 0
+  table = checkpoints.markdown(results)
+  assert '| trax_qkv (`ResumableLoop.load_checkpoint`) |' in table
+  assert '| trax_qkv, a resume in all (files checked, then loaded) |' in table

@@ -39,6 +39,15 @@ def atomic_path(path):
       os.remove(tmp)
 
 
+def nearest_existing(path):
+  """`path` itself if it exists, else its closest ancestor that does (where
+  creating it would start)."""
+  path = os.path.abspath(path)
+  while not os.path.exists(path):
+    path = os.path.dirname(path)
+  return path
+
+
 def write_text(path, text):
   """Writes `text` (UTF-8) to `path` whole."""
   with atomic_path(path) as tmp:

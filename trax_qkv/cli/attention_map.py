@@ -41,13 +41,12 @@ def build_parser():
 def check_output(path):
   """Raises ValueError unless `path` can be written as a file: not a
   directory, and inside a directory that exists or can be created."""
+  from trax_qkv import files  # pylint: disable=g-import-not-at-top
   path = os.path.abspath(path)
   if os.path.isdir(path):
     raise ValueError(f'output {path} is a directory; give a file name, e.g. '
                      f'{os.path.join(path, "attention_map.png")}.')
-  parent = os.path.dirname(path)
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
+  parent = files.nearest_existing(os.path.dirname(path))
   if not os.path.isdir(parent):
     raise ValueError(f'output {path} cannot be written: {parent} is a file, '
                      'not a directory.')

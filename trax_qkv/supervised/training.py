@@ -19,6 +19,7 @@ from trax.supervised import trainer_lib
 
 import trax_qkv  # pylint: disable=unused-import  (configurables for configs)
 import trax_qkv.data  # pylint: disable=unused-import
+from trax_qkv import files
 from trax_qkv import patches
 from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
@@ -43,9 +44,7 @@ def check_output_dir(output_dir):
   if os.path.exists(path) and not os.path.isdir(path):
     raise ValueError(f'output_dir {path} is a file; expected a directory '
                      '(new or holding an earlier run to resume).')
-  existing = path
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
+  existing = files.nearest_existing(path)
   if not os.access(existing, os.W_OK | os.X_OK):
     raise PermissionError(f'output_dir {path} is not writable (checked '
                           f'{existing}); choose a directory you can write.')
