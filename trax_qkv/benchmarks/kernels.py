@@ -11,7 +11,6 @@ import jax.numpy as jnp
 
 from trax_qkv import kernels
 from trax_qkv.benchmarks import timing
-from trax_qkv.kernels import cudnn
 from trax_qkv.kernels import reference
 
 # (batch, Lq, Lk, d_model, heads): the issue's length-4096 shape, and one
@@ -55,10 +54,9 @@ def compiled_core(implementation, inputs, n_heads, backward):
 
 
 def implementations_for(dtype):
-  names = ['reference', 'fused', 'chunked']
-  if cudnn.unsupported_reason(dtype) is None:
-    names.append('cudnn')
-  return names + ['auto']
+  """Every kernel that can run here on `dtype` inputs, then 'auto'."""
+  return [name for name, kernel in kernels.KERNELS.items()
+          if kernel.unsupported_reason(dtype, 0.0) is None] + [kernels.AUTO]
 
 
 def max_relative_error(implementation, inputs, n_heads):

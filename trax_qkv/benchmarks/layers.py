@@ -38,12 +38,11 @@ DEFAULT_ROUNDS = 15
 
 
 def contenders():
-  """name -> factory(d_model, n_heads, mode) of the layers compared."""
+  """name -> factory(d_model, n_heads, mode) of the layers compared: the
+  built-in, then every kernel that can run here on float32 inputs and
+  'auto'."""
   out = {BUILTIN: lambda d, h, mode: tl.AttentionQKV(d, n_heads=h, mode=mode)}
-  names = ['reference', 'fused', 'chunked', 'auto']
-  if jax.default_backend() == 'gpu':
-    names.insert(3, 'cudnn')
-  for name in names:
+  for name in kernel_bench.implementations_for(jnp.float32):
     out[name] = functools.partial(
         lambda d, h, mode, impl: trax_qkv.AttentionQKV(
             d, n_heads=h, mode=mode, implementation=impl), impl=name)
@@ -109,10 +108,10 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
 
 
 def _small_transformer(cross_attention, mode, vocab=512):
-  return trax_qkv.CrossAttentionTransformer(
-      vocab, d_model=128, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
-      n_heads=4, max_len=128, dropout=0.1, mode=mode,
-      cross_attention=cross_attention)
+  with trax_qkv.use_attention(cross_attention=cross_attention):
+    return trax.models.Transformer(
+        vocab, d_model=128, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
+        n_heads=4, max_len=128, dropout=0.1, mode=mode)
 
 
 def decoding_tokens_per_second(implementations, batch=32, src_len=32,

@@ -2,7 +2,7 @@
 
 Causal self-attention lets query i see keys 0..i, so half of the (L, L)
 logits that the reference computes -- and then masks -- are wasted. Here
-queries and keys are cut into blocks of `block` positions; query block i
+queries and keys are cut into blocks of `block_size` positions; query block i
 visits key blocks 0..i with an online softmax (as flash attention does), and
 only the diagonal block is masked. The hand-written backward pass visits the
 same blocks, recomputing each block's weights from the saved logsumexp, so
@@ -27,17 +27,14 @@ import jax.numpy as jnp
 from trax_qkv.kernels import common
 from trax_qkv.kernels.reference import MASK_FILL
 
-# Logits per loop step, as in 'fused' (fused.DEFAULT_STEP_ELEMENTS).
-DEFAULT_STEP_ELEMENTS = 2 ** 19
-DEFAULT_BLOCK = 128
-_NEG_INF = -1e30  # initial running max: below any logit, MASK_FILL included
+DEFAULT_BLOCK_SIZE = 128  # positions per query and key block
 
 
-def _tiles(rows, length, block, target):
-  """(rows per step, block length): the block is `block`, or the whole
+def _tiles(rows, length, block_size, target):
+  """(rows per step, block length): the block is `block_size`, or the whole
   (8-aligned) length when shorter; rows are the largest divisor of `rows`
   whose logits fit `target` floats (at least one)."""
-  block = min(block, -(-length // 8) * 8)
+  block = min(block_size, -(-length // 8) * 8)
   fitting = [g for g in range(1, rows + 1)
              if rows % g == 0 and g * block * block <= target]
   return (max(fitting) if fitting else 1), block
@@ -51,7 +48,7 @@ class _Blocks:
     self.tile_rows, self.block = tiles
     self.n_blocks = self.length // self.block
     self.n_steps = (self.rows // self.tile_rows) * self.n_blocks
-    self.scale = jnp.asarray(1.0 / self.d_head ** 0.5, q.dtype)
+    self.scale = common.scale(self.d_head, q.dtype)
     self.diagonal = jnp.tril(jnp.ones((self.block, self.block), bool))
 
   def origin(self, step):
@@ -80,20 +77,10 @@ class _Blocks:
     return common.keep_mask(rng, step * self.n_blocks + j, rate, shape)
 
 
-def _accumulate(carry, logits, v_block, drop=None):
-  """One key block of an online softmax: the (running max, denominator,
-  numerator) carry updated with the block's logits; `drop`, if given,
-  applies dropout to the weights after the denominator has counted them."""
-  running_max, denominator, numerator = carry
-  new_max = jnp.maximum(running_max, logits.max(axis=-1, keepdims=True))
-  correction = jnp.exp(running_max - new_max)
-  p = jnp.exp(logits - new_max)
-  denominator = denominator * correction + p.sum(axis=-1, keepdims=True)
-  if drop is not None:
-    p = drop(p)
-  numerator = numerator * correction + jnp.einsum(
-      'gqk,gkd->gqd', p, v_block, preferred_element_type=jnp.float32)
-  return new_max, denominator, numerator
+def _weigh(v_block):
+  """The online softmax's weights-times-values of a (g, k, d_v) block."""
+  return lambda p: jnp.einsum('gqk,gkd->gqd', p, v_block,
+                              preferred_element_type=jnp.float32)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -113,14 +100,15 @@ def _causal_forward(q, k, v, tiles, rate, rng):
     def one_key_block(j, inner):
       logits = blocks.logits(q_block, blocks.read(k, row, j), i, j)
       keep = blocks.keep(rng, rate, step, j, logits.shape)
-      return _accumulate(
-          inner, logits, blocks.read(v, row, j),
+      return common.online_softmax_update(
+          inner, logits, _weigh(blocks.read(v, row, j)),
           None if keep is None else lambda p: common.dropped(p, keep, rate))
 
     shape = (blocks.tile_rows, blocks.block, 1)
     running_max, denominator, numerator = jax.lax.fori_loop(
         0, i + 1, one_key_block,
-        (jnp.full(shape, _NEG_INF, jnp.float32), jnp.zeros(shape, jnp.float32),
+        (jnp.full(shape, common.NEG_INF, jnp.float32),
+         jnp.zeros(shape, jnp.float32),
          jnp.zeros(shape[:2] + (v.shape[-1],), jnp.float32)))
     step_lse = running_max + jnp.log(denominator)
     return (blocks.write(out, numerator / denominator, row, i),
@@ -178,15 +166,25 @@ _causal_core.defvjp(_causal_forward, _causal_backward)
 
 
 def causal_attention(q, k, v, dropout_rate=0.0, dropout_rng=None,
-                     block=DEFAULT_BLOCK, step_elements=DEFAULT_STEP_ELEMENTS):
-  """Causal attention of per-head (rows, L, d_head) q, k, v; float32.
+                     block_size=DEFAULT_BLOCK_SIZE,
+                     step_elements=common.STEP_ELEMENTS):
+  """Causal attention, visiting only the blocks on or below the diagonal.
 
-  What `reference.dot_product_attention` computes with a lower-triangular
-  mask (within float32 rounding), visiting only the blocks on or below the
-  diagonal, forward and backward.
+  Args:
+    q, k: (g, L, d_head) per-head queries and keys; g = batch * heads.
+    v: (g, L, d_v) per-head values.
+    dropout_rate: attention-weight dropout in [0, 1); masks drawn per step
+      (`common.keep_mask`).
+    dropout_rng: JAX PRNG key, needed when dropout_rate > 0.
+    block_size: positions per query and key block.
+    step_elements: the most logits one loop step holds.
+
+  Returns:
+    float32 (g, L, d_v): what `reference.per_head_attention` computes with
+    a lower-triangular mask, within float32 rounding, forward and backward.
   """
   rows, length, _ = q.shape
-  tiles = _tiles(rows, length, block, step_elements)
+  tiles = _tiles(rows, length, block_size, step_elements)
   pad = -length % tiles[1]
   if pad:  # padded keys come after every real query, so causality hides them
     q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (q, k, v))
@@ -196,14 +194,14 @@ def causal_attention(q, k, v, dropout_rate=0.0, dropout_rng=None,
   return out[:, :length]
 
 
-def cached_attention(q, ks, vs, index, block=DEFAULT_BLOCK):
+def cached_attention(q, ks, vs, index, block_size=DEFAULT_BLOCK_SIZE):
   """Predict mode: new queries over the filled part of a key/value cache.
 
   Args:
     q: (rows, new, d_head) queries of positions index .. index + new - 1.
     ks, vs: (rows, max_length, d) caches, the new keys and values written.
     index: the position of the first new query (a traced scalar).
-    block: cache positions per loop step.
+    block_size: cache positions per loop step.
 
   Returns:
     float32 (rows, new, d_v): what the reference computes over the whole
@@ -211,11 +209,11 @@ def cached_attention(q, ks, vs, index, block=DEFAULT_BLOCK):
   """
   rows, new, d_head = q.shape
   max_length = ks.shape[1]
-  block = min(block, max_length)
+  block = min(block_size, max_length)
   pad = -max_length % block
   if pad:
     ks, vs = (jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (ks, vs))
-  q = q * jnp.asarray(1.0 / d_head ** 0.5, q.dtype)
+  q = q * common.scale(d_head, q.dtype)
   positions = index + jnp.arange(new)[:, None]  # (new, 1)
 
   def one_block(j, carry):
@@ -224,12 +222,14 @@ def cached_attention(q, ks, vs, index, block=DEFAULT_BLOCK):
     logits = jnp.einsum('gqd,gkd->gqk', q, k_block,
                         preferred_element_type=jnp.float32)
     visible = j * block + jnp.arange(block)[None, :] <= positions
-    return _accumulate(carry, jnp.where(visible, logits, MASK_FILL), v_block)
+    return common.online_softmax_update(
+        carry, jnp.where(visible, logits, MASK_FILL), _weigh(v_block))
 
   shape = (rows, new, 1)
   n_blocks = (index + new + block - 1) // block
   _, denominator, numerator = jax.lax.fori_loop(
       0, n_blocks, one_block,
-      (jnp.full(shape, _NEG_INF, jnp.float32), jnp.zeros(shape, jnp.float32),
+      (jnp.full(shape, common.NEG_INF, jnp.float32),
+         jnp.zeros(shape, jnp.float32),
        jnp.zeros((rows, new, vs.shape[-1]), jnp.float32)))
   return numerator / denominator

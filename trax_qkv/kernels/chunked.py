@@ -16,10 +16,7 @@ from trax_qkv.kernels import common
 from trax_qkv.kernels import reference
 from trax_qkv.kernels.reference import MASK_FILL
 
-DEFAULT_BLOCK_SIZE = 512
-# Logit for key positions added to fill the last block: far below MASK_FILL,
-# so they get zero weight even in a fully masked row.
-_BLOCK_PAD_FILL = -1e30
+DEFAULT_BLOCK_SIZE = 512  # keys per block
 
 
 def _unprojected(k_block, v_block, params):
@@ -32,17 +29,31 @@ def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
                       kv_params=()):
   """Attention over key blocks with an online softmax; O(Lq*block) memory.
 
-  A loop slices one block of keys and values out of K and V per step (no
-  stacked copies; one padded copy only when Lk is not a multiple of the
-  block), and a hand-written backward pass recomputes each block's weights
-  from the saved logsumexp, so no (Lq, Lk)-sized array is ever stored.
+  A loop slices one block of keys and values out of K and V per step (one
+  padded copy only when Lk is not a multiple of the block), and the
+  backward pass recomputes each block's weights from the saved logsumexp,
+  so no (Lq, Lk)-sized array is ever stored.
 
-  With `project_kv` -- a function (k_block, v_block, kv_params) -> (K_block,
-  V_block) -- `k` and `v` are the unprojected inputs and are projected block
-  by block, in the backward pass too, so the projected (batch, Lk, d) K and
-  V and their gradients never exist whole either (see
-  `trax_qkv.layers.attention.KeyBlockProjectedAttention`). Gradients reach
-  `kv_params` through `jax.vjp` of `project_kv` per block.
+  Args:
+    q: (b, Lq, d) projected queries.
+    k: (b, Lk, d) keys; (b, Lk, d_in) inputs of `project_kv` if given.
+    v: (b, Lk, d_v) values; likewise.
+    mask: None, or broadcastable to (b, 1, Lq, Lk); nonzero = attend.
+    n_heads: heads; divides d and d_v.
+    dropout_rate: attention-weight dropout in [0, 1); masks drawn per
+      block (`common.keep_mask`).
+    dropout_rng: JAX PRNG key, needed when dropout_rate > 0.
+    block_size: keys per block (default DEFAULT_BLOCK_SIZE).
+    project_kv: None, or f(k_block, v_block, kv_params) -> (K_block,
+      V_block): K and V are then projected block by block, in the backward
+      pass too, so the projected (b, Lk, d) K and V and their gradients
+      never exist whole (`layers.attention.KeyBlockProjectedAttention`);
+      gradients reach `kv_params` through `jax.vjp` per block.
+    kv_params: the pytree `project_kv` takes.
+
+  Returns:
+    float32 (b, Lq, d_v): what `reference.dot_product_attention` returns
+    first, within float32 rounding.
   """
   project_kv = project_kv or _unprojected
   lk = k.shape[1]
@@ -51,7 +62,7 @@ def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
   pad = n_blocks * block - lk
   sources = (k, v)
   qh = reference.split_heads(q, n_heads)
-  qh = qh * jnp.asarray(1.0 / jnp.sqrt(qh.shape[-1]), qh.dtype)
+  qh = qh * common.scale(qh.shape[-1], qh.dtype)
   if mask is None:
     mask = jnp.ones((1, 1, 1, lk), bool)
   mask = jnp.broadcast_to(mask.astype(bool),
@@ -85,13 +96,14 @@ class _ChunkConfig:
   def logits(self, qh, k_block, mask, index):
     """(batch, heads, Lq, block) logits, masked, padding far below that."""
     start = index * self.block
-    logits = jnp.einsum('bhqd,bkhd->bhqk', qh, common.heads(k_block, self.n_heads))
+    logits = jnp.einsum('bhqd,bkhd->bhqk', qh,
+                        common.heads_last(k_block, self.n_heads))
     logits = logits.astype(jnp.promote_types(qh.dtype, jnp.float32))
     logits = jnp.where(
         jax.lax.dynamic_slice_in_dim(mask, start, self.block, 3), logits,
         MASK_FILL)
     valid = start + jnp.arange(self.block) < self.lk
-    return jnp.where(valid, logits, _BLOCK_PAD_FILL)
+    return jnp.where(valid, logits, common.NEG_INF)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -106,37 +118,33 @@ def _chunked_forward(config, qh, sources, kv_params, mask, rng):
   n_blocks = sources[0].shape[1] // config.block
 
   def one_block(index, carry):
-    running_max, denominator, numerator = carry
     k_block, v_block = config.project_kv(
         *config.source_blocks(sources, index), kv_params)
-    logits = config.logits(qh, k_block, mask, index)
-    new_max = jnp.maximum(running_max, logits.max(axis=-1))
-    correction = jnp.exp(running_max - new_max)
-    p = jnp.exp(logits - new_max[..., None])
-    denominator = denominator * correction + p.sum(axis=-1)
+    vh = common.heads_last(v_block, config.n_heads)
+    drop = None
     if config.rate > 0.0:
-      p = common.dropped(p, common.keep_mask(rng, index, config.rate, p.shape),
-                   config.rate)
-    numerator = numerator * correction[..., None] + jnp.einsum(
-        'bhqk,bkhd->bhqd', p.astype(v_block.dtype),
-        common.heads(v_block, config.n_heads)).astype(acc_dtype)
-    return new_max, denominator, numerator
+      drop = lambda p: common.dropped(
+          p, common.keep_mask(rng, index, config.rate, p.shape), config.rate)
+    return common.online_softmax_update(
+        carry, config.logits(qh, k_block, mask, index),
+        lambda p: jnp.einsum('bhqk,bkhd->bhqd', p.astype(v_block.dtype),
+                             vh).astype(acc_dtype), drop)
 
-  stats_shape = qh.shape[:3]
+  stats_shape = qh.shape[:3] + (1,)
   d_head_v = jax.eval_shape(
       config.project_kv, *config.source_blocks(sources, 0),
       kv_params)[1].shape[-1] // config.n_heads
-  init = (jnp.full(stats_shape, _BLOCK_PAD_FILL, acc_dtype),
+  init = (jnp.full(stats_shape, common.NEG_INF, acc_dtype),
           jnp.zeros(stats_shape, acc_dtype),
-          jnp.zeros(stats_shape + (d_head_v,), acc_dtype))
+          jnp.zeros(qh.shape[:3] + (d_head_v,), acc_dtype))
   row_max, denominator, numerator = jax.lax.fori_loop(
       0, n_blocks, one_block, init)
   lse = row_max + jnp.log(denominator)
   # Normalise as exp(max - logsumexp), rounded as the reference rounds it: in
   # a fully masked row logsumexp = -1e9 + log(Lk) rounds to -1e9, so the
   # reference weighs every key by 1 (a sum, not a mean); so do we.
-  out = numerator * jnp.exp(row_max - lse)[..., None]
-  return out, (qh, sources, kv_params, mask, rng, out, lse[..., None])
+  out = numerator * jnp.exp(row_max - lse)
+  return out, (qh, sources, kv_params, mask, rng, out, lse)
 
 
 def _chunked_backward(config, residuals, d_out):
@@ -155,14 +163,14 @@ def _chunked_backward(config, residuals, d_out):
     (k_block, v_block), pull_back = jax.vjp(
         lambda blocks, params: config.project_kv(*blocks, params),
         config.source_blocks(sources, index), kv_params)
-    kh = common.heads(k_block, config.n_heads)
+    kh = common.heads_last(k_block, config.n_heads)
     weights = jnp.exp(config.logits(qh, k_block, mask, index) - lse)
     d_weights = jnp.einsum('bhqd,bkhd->bhqk', d_out,
-                           common.heads(v_block, config.n_heads))
+                           common.heads_last(v_block, config.n_heads))
     keep = (common.keep_mask(rng, index, config.rate, weights.shape)
             if config.rate > 0.0 else None)
-    kept, d_logits = common.softmax_backward(weights, d_weights, row_sums, lse,
-                                       config.rate, keep)
+    kept, d_logits = common.softmax_backward(weights, d_weights, row_sums,
+                                             lse, config.rate, keep)
     d_q = d_q + jnp.einsum('bhqk,bkhd->bhqd', d_logits, kh)
     d_k = jnp.einsum('bhqk,bhqd->bkhd', d_logits, qh.astype(out.dtype))
     d_v = jnp.einsum('bhqk,bhqd->bkhd', kept, d_out)

@@ -1,9 +1,10 @@
-"""Pieces shared by the blockwise kernels ('fused' and 'chunked').
+"""Pieces shared by the blockwise kernels ('fused', 'chunked', causal).
 
-Both compute a block of logits at a time, keep the logsumexp of every
-query row, and in the backward pass recompute a block's weights from it
-(as flash attention does). What one block does with dropout and with the
-softmax gradient is the same in both, and written once here.
+Each computes a block of logits at a time, keeps the logsumexp of every
+query row, and in the backward pass recomputes a block's weights from it
+(as flash attention does). What a block does with the scale, the online
+softmax, dropout and the softmax gradient is the same in all of them, and
+written once here.
 """
 
 import math
@@ -13,11 +14,51 @@ import jax.numpy as jnp
 
 from trax_qkv.kernels.reference import MASK_FILL
 
+# Logits per loop step of 'fused' and causal attention: 2**19 floats (2 MB).
+# A step's temporaries then stay under the size malloc reuses instead of
+# mapping afresh on every call (docs/benchmarks.md: "Step size").
+STEP_ELEMENTS = 2 ** 19
+# Initial running max of an online softmax, and the logit of padding keys:
+# far below any logit, MASK_FILL included, so they get zero weight even in
+# a fully masked row.
+NEG_INF = -1e30
 
-def heads(x, n_heads):
-  """(batch, L, d) -> (batch, L, heads, d_head): a reshape, no copy."""
+
+def heads_last(x, n_heads):
+  """(b, L, h * d_head) -> (b, L, h, d_head): a reshape, no copy."""
   batch, length, d = x.shape
   return x.reshape((batch, length, n_heads, d // n_heads))
+
+
+def scale(d_head, dtype):
+  """1 / sqrt(d_head) in `dtype`: what q is multiplied by, once."""
+  return jnp.asarray(1.0 / d_head ** 0.5, dtype)
+
+
+def online_softmax_update(carry, logits, weigh_values, drop=None):
+  """One key block of an online softmax.
+
+  Args:
+    carry: (running max, denominator, numerator); the first two with a
+      trailing axis of 1, all float32.
+    logits: (..., queries, keys) of the block, masked.
+    weigh_values: f(weights) -> (..., queries, d_v): the weights times the
+      block's values.
+    drop: if given, f(weights) -> weights after dropout, applied after the
+      denominator has counted them.
+
+  Returns:
+    The carry with the block added: the output is numerator / denominator,
+    the logsumexp running max + log(denominator).
+  """
+  running_max, denominator, numerator = carry
+  new_max = jnp.maximum(running_max, logits.max(axis=-1, keepdims=True))
+  correction = jnp.exp(running_max - new_max)
+  p = jnp.exp(logits - new_max)
+  denominator = denominator * correction + p.sum(axis=-1, keepdims=True)
+  if drop is not None:
+    p = drop(p)
+  return new_max, denominator, numerator * correction + weigh_values(p)
 
 
 def _mix(x):
@@ -35,9 +76,9 @@ def keep_mask(rng, index, rate, shape):
 
   Each element's bits are a keyed hash of its position in the step,
   mix(mix(position ^ k0) + k1), with (k0, k1) the step's JAX key
-  `fold_in(rng, index)`. jax.random's threefry costs about 10 ns per
-  element on a CPU, as much as the rest of a blockwise step with dropout
-  (docs/benchmarks.md); the hash costs a few integer operations. Masks of
+  `fold_in(rng, index)`: a few integer operations per element, where
+  jax.random's threefry would cost as much as the rest of the step
+  (docs/benchmarks.md: "Dropout masks"). Masks of
   different steps and keys are independent for dropout's purpose (tested:
   rate, and correlation between steps and neighbours), not for
   cryptography.

@@ -6,8 +6,9 @@ are masked, soft-maxed and multiplied with V while they are in cache,
 instead of the several passes over the whole (batch, heads, Lq, Lk) array
 that the reference makes. The hand-written backward pass recomputes the
 weights from the saved logsumexp, so memory holds one tile's logits, not
-all of them. Dropout masks are drawn per tile (same rate, other bits: `common.keep_mask`).
-Fastest on CPUs; a GPU runs the loop's steps one after another.
+all of them. Dropout masks are drawn per tile (same rate, other bits:
+`common.keep_mask`). A GPU runs the loop's steps one after another, so
+'auto' picks it on CPUs only (`dispatch`).
 """
 
 import functools
@@ -18,14 +19,7 @@ import jax.numpy as jnp
 from trax_qkv.kernels import common
 from trax_qkv.kernels.reference import MASK_FILL
 
-# Logits per loop step: 2**19 floats (2 MB). AttentionQKV forward+backward
-# measured 3-10 % faster than with 2**20 at lengths 1024 and 4096, and its
-# temporary memory stays under 32 MB, which malloc reuses instead of
-# mapping (and page-faulting) it afresh on every call (docs/benchmarks.md).
-DEFAULT_STEP_ELEMENTS = 2 ** 19
-
-
-def _step_tiles(batch, n_heads, lq, lk, target=DEFAULT_STEP_ELEMENTS):
+def _step_tiles(batch, n_heads, lq, lk, target=common.STEP_ELEMENTS):
   """(batch entries, heads, queries) per 'fused' step: the step's logits
   fit `target` floats.
 
@@ -59,8 +53,8 @@ class _Tiling:
     self.n_heads = n_heads
     self.d_head = d // n_heads
     self.rows = self.n_batch * self.n_heads_step  # (batch, head) pairs
-    # 1/sqrt(d_head): the forward scales q by it once; dq gets it too.
-    self.scale = jnp.asarray(1.0 / self.d_head ** 0.5, q.dtype)
+    # The forward scales q by it once; dq gets it too.
+    self.scale = common.scale(self.d_head, q.dtype)
     self.mask = mask
     self.counts = (self.batch // self.n_batch, n_heads // self.n_heads_step,
                    self.lq // self.n_queries)
@@ -154,8 +148,8 @@ def _fused_forward(q, k, v, mask, tiles, n_heads, rate, rng):
     step_lse = row_max + jnp.log(jnp.sum(unnormalised, axis=-1,
                                          keepdims=True))
     if rate > 0.0:
-      unnormalised = common.dropped(
-          unnormalised, common.keep_mask(rng, step, rate, unnormalised.shape), rate)
+      keep = common.keep_mask(rng, step, rate, unnormalised.shape)
+      unnormalised = common.dropped(unnormalised, keep, rate)
     # exp(max - lse) rounds as the reference's exp(logits - lse) does: in a
     # fully masked row lse rounds to -1e9 and every key weighs 1.
     rows = (jnp.einsum('gqk,gkd->gqd', unnormalised,
@@ -200,8 +194,8 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
         weights, d_weights, tiling.read_per_query(all_row_sums, step),
         step_lse, rate, keep)
     d_q_step = jnp.einsum('gqk,gkd->gqd', d_logits, k_step) * tiling.scale
-    # dK and dV as (d_head, Lk): XLA:CPU runs 'gqd,gqk->gdk' about 3x faster
-    # than 'gqk,gqd->gkd' at these shapes.
+    # dK and dV as (d_head, Lk): XLA:CPU runs 'gqd,gqk->gdk' several times
+    # faster than 'gqk,gqd->gkd' at these shapes (docs/benchmarks.md).
     return (tiling.write(d_q, d_q_step, step, True),
             d_k_t + jnp.einsum('gqd,gqk->gdk', q_step, d_logits),
             d_v_t + jnp.einsum('gqd,gqk->gdk', d_out_step, kept))
@@ -229,19 +223,28 @@ _fused_core.defvjp(_fused_forward, _fused_backward)
 
 
 def fused_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
-                    dropout_rng=None, step_elements=DEFAULT_STEP_ELEMENTS):
+                    dropout_rng=None, step_elements=common.STEP_ELEMENTS):
   """Attention one cache-sized step at a time; flash-style backward.
 
-  A loop runs over tiles of (batch entries, heads, queries) whose logits
-  take at most `step_elements` floats, so that each step's logits are
-  masked, soft-maxed and multiplied with V while they are in cache, instead
-  of the several passes over the whole (batch, heads, Lq, Lk) array that
-  the reference makes. Steps slice their heads out of the (batch, L, d)
-  arrays as they are (no head transposes); q is scaled by 1/sqrt(d_head)
-  once, before the loop. The backward pass recomputes each step's weights
-  from the saved logsumexp rather than storing them, so memory holds one
-  step's logits, not all of them. Dropout masks are drawn per step (same
-  rate, other bits).
+  Tiles of (batch entries, heads, queries) whose logits take at most
+  `step_elements` floats are masked, soft-maxed and multiplied with V while
+  they are in cache; the backward pass recomputes each tile's weights from
+  the saved logsumexp, so memory holds one tile's logits, not all of them.
+
+  Args:
+    q: (b, Lq, d) projected queries.
+    k: (b, Lk, d) projected keys.
+    v: (b, Lk, d_v) projected values.
+    mask: None, or broadcastable to (b, 1, Lq, Lk); nonzero = attend.
+    n_heads: heads; divides d and d_v.
+    dropout_rate: attention-weight dropout in [0, 1); masks are drawn per
+      tile (`common.keep_mask`), not as the reference draws them.
+    dropout_rng: JAX PRNG key, needed when dropout_rate > 0.
+    step_elements: the most logits one loop step holds.
+
+  Returns:
+    float32 (b, Lq, d_v): what `reference.dot_product_attention` returns
+    first, within float32 rounding.
   """
   batch, lq, _ = q.shape
   tiles = _step_tiles(batch, n_heads, lq, k.shape[1], step_elements)

@@ -24,13 +24,12 @@ from trax.layers.assert_shape import AssertFunction
 from trax.layers.research import sparsity
 
 from trax_qkv import kernels
-from trax_qkv.kernels import chunked
-from trax_qkv.kernels import cudnn
 from trax_qkv.layers import checks
+from trax_qkv.layers import kernel_layer
 
 
 @gin.configurable('QkvPureAttention', module='trax_qkv', denylist=['mode'])
-class PureAttention(base.Layer):
+class PureAttention(kernel_layer.KernelLayer):
   """Maps `(Q, K, V, mask)` to `(activations, mask)`: multi-head attention.
 
   Q, K and V are already projected, shaped (batch, L, d); the layer splits
@@ -47,67 +46,33 @@ class PureAttention(base.Layer):
       dropout: rate in [0, 1) at which attention weights are dropped in
           'train' mode.
       mode: one of 'train', 'eval', 'predict', 'viz'.
-      implementation: which formulation of the math to run: 'reference'
-          (bit-identical to trax.layers.PureAttention), 'fused', 'chunked',
-          'cudnn' or 'auto'; see trax_qkv.kernels. 'viz' mode always runs
-          'reference', the formulation that materialises the weights.
-          'cudnn' where it cannot run raises ValueError (here, or at
-          `init` for the input dtype); 'auto' falls back instead.
+      implementation: 'reference' (bit-identical to
+          trax.layers.PureAttention), another kernel of
+          `trax_qkv.kernels.names()`, or 'auto' (see `KernelLayer`).
     """
     checks.check_n_heads(n_heads)
-    checks.check_dropout(dropout)
-    checks.check_mode(mode)
-    kernels.check_implementation(implementation)
-    if implementation == 'cudnn' and mode != 'viz':
-      cudnn.check_supported(
-          dropout_rate=dropout if mode == 'train' else 0.0)
-    super().__init__(n_in=4, n_out=2)
+    super().__init__(4, 2, dropout, mode, implementation)
     self._n_heads = n_heads
-    self._dropout = dropout
-    self._mode = mode
-    self._implementation = implementation
-
-  def init(self, input_signature, rng=None, use_cache=False):
-    # Checked here because Trax re-raises anything from inside init as a
-    # generic LayerError; this way a bad input is a ValueError/TypeError.
-    checks.check_qkv_inputs(input_signature, self._n_heads)
-    q, k = input_signature[:2]
-    self.implementation_for(q, k)  # 'cudnn' with a dtype it cannot take
-    return super().init(input_signature, rng=rng, use_cache=use_cache)
 
   @property
   def n_heads(self):
     return self._n_heads
 
-  @property
-  def mode(self):
-    return self._mode
+  def check_inputs(self, inputs):
+    checks.check_qkv_inputs(inputs, self._n_heads)
 
-  @property
-  def dropout_rate(self):
-    """The rate in effect: dropout applies in 'train' mode only."""
-    return self._dropout if self._mode == 'train' else 0.0
-
-  def implementation_for(self, q, k):
-    """The implementation that runs for inputs shaped like q and k: the
-    one `kernels.resolve` gives, except that 'viz' runs 'reference'."""
-    if self._mode == 'viz':
-      return 'reference'
-    return kernels.resolve(self._implementation, q, k, self._n_heads,
-                           self.dropout_rate)
+  def _call(self, q, k):
+    return kernels.Call(q.shape, k.shape, q.dtype, self._n_heads,
+                        self.dropout_rate)
 
   def forward(self, inputs):
-    checks.check_qkv_inputs(inputs, self._n_heads)
+    self.check_inputs(inputs)
     q, k, v, mask = inputs
-    implementation = self.implementation_for(q, k)
-    if implementation == 'reference':
-      activations, weights = kernels.reference.dot_product_attention(
-          q, k, v, mask, self._n_heads, dropout_rate=self.dropout_rate,
-          dropout_rng=self.rng)
-      if self._mode == 'viz':
-        self.state = weights
+    if self._mode == 'viz':
+      activations, self.state = kernels.reference.dot_product_attention(
+          q, k, v, mask, self._n_heads)
     else:
-      activations = kernels.FUNCTIONS[implementation](
+      activations = self.kernel_for(q, k).attend(
           q, k, v, mask, self._n_heads, dropout_rate=self.dropout_rate,
           dropout_rng=self.rng)
     return activations, mask
@@ -142,10 +107,8 @@ class RowsDense(core.Dense):
 
   Same weights, initialisation and rng use as `core.Dense`; the outputs and
   gradients agree within float32 rounding. XLA:CPU computes the gradients
-  of a 2-D dot faster than those of the (batch, L, d) one: the backward
-  pass of Dense(256) measured 3.9 ms instead of 4.6 at (32, 64, 256) and
-  7.3 instead of 8.7 at (4, 1024, 256) (one-off A/B, medians of 15 rounds;
-  the forward is the same). The 'reference' implementation keeps
+  of a 2-D dot faster than those of the (batch, L, d) one
+  (docs/benchmarks.md: "RowsDense"). The 'reference' implementation keeps
   `core.Dense`, whose gradients it reproduces bit for bit.
   """
 
@@ -163,15 +126,15 @@ def dense_kv_projection(k_block, v_block, kv_params):
 
 class KeyBlockProjectedAttention(cb.Serial):
   """`Serial(Parallel(Dense, Dense, Dense), PureAttention, Dense)` that, when
-  the attention runs 'chunked', projects K and V one key block at a time
-  inside it.
+  the attention's kernel can (`Kernel.attend_projecting`: 'chunked'),
+  projects K and V one key block at a time inside it.
 
   Same sublayers as the plain Serial, so the same weights, init keys, rng
   splits and checkpoints; only the order of the computation differs. With
   long keys (cross-attention over a long encoder output) the projected
   (batch, Lk, d) K and V and their gradients are the largest buffers left
   once the logits are blocked; computed per block they never exist whole.
-  Any other implementation or mode runs the plain Serial.
+  Any other kernel or mode runs the plain Serial.
   """
 
   def __init__(self, projections, attention, output):
@@ -180,8 +143,9 @@ class KeyBlockProjectedAttention(cb.Serial):
   def forward(self, inputs):
     projections, attention, output = self.sublayers
     q_in, k_in, v_in, mask = inputs
-    if (attention.mode not in ('train', 'eval')
-        or attention.implementation_for(q_in, k_in) != 'chunked'):
+    attend = (attention.kernel_for(q_in, k_in).attend_projecting
+              if attention.mode in ('train', 'eval') else None)
+    if attend is None:
       return super().forward(inputs)
     (w_q, w_k, w_v), _, w_out = self.weights
     (s_q, _, _), _, s_out = self.state
@@ -192,7 +156,7 @@ class KeyBlockProjectedAttention(cb.Serial):
     # The rng Serial would hand to PureAttention (its second sublayer).
     attention_rng = (None if self.rng is None
                      else fastmath.random.split(self.rng, 3)[1])
-    activations = chunked.chunked_attention(
+    activations = attend(
         project(dense_q, w_q, s_q)(q_in), k_in, v_in, mask, attention.n_heads,
         dropout_rate=attention.dropout_rate, dropout_rng=attention_rng,
         project_kv=dense_kv_projection, kv_params=(w_k, w_v))
@@ -259,8 +223,9 @@ def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: dis
     return dense(d_feature)
 
   # Plain Dense projections (no sparsity, no cache) can be fused into the
-  # key blocks of the chunked path.
-  fusable = (implementation in ('chunked', 'auto') and q_sparsity is None
+  # key blocks of a kernel that projects them there.
+  fusable = (kernels.may_project_in_blocks(implementation)
+             and q_sparsity is None
              and result_sparsity is None
              and not (cache_KV_in_predict and mode == 'predict'))
   attention = (KeyBlockProjectedAttention if fusable else cb.Serial)(

@@ -17,15 +17,14 @@ import gin
 import jax
 import jax.numpy as jnp
 from trax.layers import attention as trax_attention
-from trax.layers import base
 from trax.layers import combinators as cb
 from trax.layers import convolution
 from trax.layers import core
 from trax.layers.assert_shape import assert_shape
 
 from trax_qkv import kernels
-from trax_qkv.kernels import cudnn
 from trax_qkv.layers import checks
+from trax_qkv.layers import kernel_layer
 from trax_qkv.layers.attention import RowsDense
 
 
@@ -57,7 +56,7 @@ def append_to_cache(cache, new_k, new_v):
 @assert_shape('bld,bld,bld->bld')
 @gin.configurable('QkvDotProductCausalAttention', module='trax_qkv',
                   denylist=['mode'])
-class DotProductCausalAttention(base.Layer):
+class DotProductCausalAttention(kernel_layer.KernelLayer):
   """Maps per-head `(Q, K, V)` to activations, each position attending to
   itself and the positions before it.
 
@@ -76,74 +75,46 @@ class DotProductCausalAttention(base.Layer):
           'train' mode.
       max_inference_length: positions the predict-mode cache holds.
       mode: one of 'train', 'eval', 'predict', 'viz'.
-      implementation: 'reference' (bit-identical to the built-in),
-          'fused', 'chunked', 'cudnn' or 'auto'; see trax_qkv.kernels.
-          'viz' mode always runs 'reference'.
+      implementation: 'reference' (bit-identical to the built-in), another
+          kernel of `trax_qkv.kernels.names()`, or 'auto' (see
+          `KernelLayer`).
     """
-    checks.check_dropout(dropout)
     checks.check_positive_int('max_inference_length', max_inference_length)
-    checks.check_mode(mode)
-    kernels.check_implementation(implementation)
-    if implementation == 'cudnn' and mode != 'viz':
-      cudnn.check_supported(dropout_rate=dropout if mode == 'train' else 0.0)
-    super().__init__(n_in=3, n_out=1)
-    self._dropout = dropout
+    super().__init__(3, 1, dropout, mode, implementation)
     self._max_len = max_inference_length
-    self._mode = mode
-    self._implementation = implementation
 
-  @property
-  def dropout_rate(self):
-    """The rate in effect: dropout applies in 'train' mode only."""
-    return self._dropout if self._mode == 'train' else 0.0
+  def check_inputs(self, inputs):
+    checks.check_causal_inputs(inputs)
 
-  def implementation_for(self, q, k):
-    """What runs for inputs shaped like q and k ('viz' runs 'reference')."""
-    if self._mode == 'viz':
-      return 'reference'
-    return kernels.resolve_causal(self._implementation, q, k,
-                                  self.dropout_rate,
-                                  predict=self._mode == 'predict')
-
-  def init(self, input_signature, rng=None, use_cache=False):
-    # Checked here: Trax re-raises anything from inside init as LayerError.
-    checks.check_causal_inputs(input_signature)
-    q, k, _ = input_signature
-    self.implementation_for(q, k)  # 'cudnn' with a dtype it cannot take
-    return super().init(input_signature, rng=rng, use_cache=use_cache)
+  def _call(self, q, k):
+    return kernels.Call(q.shape, k.shape, q.dtype, 1, self.dropout_rate,
+                        causal=True, predict=self._mode == 'predict')
 
   def init_weights_and_state(self, input_signature):
     if self._mode == 'predict':
       self.state = empty_cache(input_signature, self._max_len)
 
   def forward(self, inputs):
-    checks.check_causal_inputs(inputs)
+    self.check_inputs(inputs)
     q, k, v = inputs
-    implementation = self.implementation_for(q, k)
+    kernel = self.kernel_for(q, k)
     if self._mode == 'predict':
       index = self.state[2]
       self.state, mask = append_to_cache(self.state, k, v)
-      k, v, _ = self.state
-      if implementation in ('fused', 'chunked'):
-        return kernels.causal.cached_attention(q, k, v, index)
-    elif implementation != 'reference':
-      return kernels.CAUSAL_FUNCTIONS[implementation](
-          q, k, v, dropout_rate=self.dropout_rate, dropout_rng=self.rng)
-    else:
-      mask = kernels.causal_mask(q.shape[1])
-    if implementation == 'cudnn':  # predict mode: the cache's mask
-      return kernels.FUNCTIONS['cudnn'](q, k, v, mask[:, None], 1)
-    # The heads are already in the batch axis, as in Trax's own math.
-    activations, weights = kernels.reference.per_head_attention(
-        q, k, v, mask, dropout_rate=self.dropout_rate, dropout_rng=self.rng)
+      ks, vs, _ = self.state
+      return kernel.cached(q, ks, vs, index, mask)
     if self._mode == 'viz':
-      self.state = weights
-    return activations
+      # The heads are already in the batch axis, as in Trax's own math.
+      activations, self.state = kernels.reference.per_head_attention(
+          q, k, v, kernels.causal_mask(q.shape[1]))
+      return activations
+    return kernel.causal(q, k, v, dropout_rate=self.dropout_rate,
+                         dropout_rng=self.rng)
 
 
 @assert_shape('bld->bld')
 @gin.configurable('QkvCausalAttention', module='trax_qkv', denylist=['mode'])
-def CausalAttention(d_feature, n_heads=1, dropout=0.0,  # pylint: disable=invalid-name
+def CausalAttention(d_feature, n_heads=1, dropout=0.0,
                     max_inference_length=2048, use_dconv=False, mode='train',
                     implementation='reference'):
   """Maps activations to activations: multi-head causal self-attention.

@@ -169,7 +169,10 @@ def test_fused_step_tiles():
 
 def test_auto_chooses_by_shape_and_device():
   long = jnp.zeros((1, 8192, 256))
-  choose = kernels.choose
+
+  def choose(q, k, n_heads, dropout_rate):
+    return kernels.choose(kernels.Call(q.shape, k.shape, q.dtype, n_heads,
+                                       dropout_rate))
   assert choose(long[:, :64], long, 8, 0.0) == 'chunked'  # long memory
   on_gpu = jax.default_backend() == 'gpu'
   default = 'reference' if on_gpu else 'fused'
@@ -256,7 +259,8 @@ def test_cudnn_that_cannot_run_raises_and_says_why():
                        'got float32'):
       layer.init(shapes.signature((q, k, v, mask)))
   # Where it cannot run, 'auto' chooses another implementation.
-  assert kernels.resolve('auto', q, k, n_heads, 0.1) != 'cudnn'
+  assert kernels.resolve('auto', kernels.Call(
+      q.shape, k.shape, q.dtype, n_heads, 0.1)).name != 'cudnn'
 
 
 @pytest.mark.skipif(not ON_CUDNN, reason='cuDNN attention needs a GPU')

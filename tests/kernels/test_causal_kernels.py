@@ -29,7 +29,7 @@ def _qkv(rows, length, d, seed=0):
 
 
 def _reference(q, k, v):
-  return kernels.CAUSAL_FUNCTIONS['reference'](q, k, v)
+  return kernels.KERNELS['reference'].causal(q, k, v)
 
 
 @hypothesis.settings(max_examples=15, deadline=None)
@@ -40,7 +40,7 @@ def _reference(q, k, v):
 def test_forward_and_gradients_match_reference(rows, length, d, block,
                                                step_elements):
   q, k, v, cotangent = _qkv(rows, length, d, seed=length)
-  attend = functools.partial(causal.causal_attention, block=block,
+  attend = functools.partial(causal.causal_attention, block_size=block,
                              step_elements=step_elements)
 
   def value_and_grads(f):
@@ -87,9 +87,9 @@ def test_dropout_gradient_matches_forward_mode_derivative(block):
 
 def test_dropout_keeps_expectation():
   q, k, v, _ = _qkv(2, 24, 8)
-  no_dropout = causal.causal_attention(q, k, v, block=8)
+  no_dropout = causal.causal_attention(q, k, v, block_size=8)
   samples = jax.jit(jax.vmap(lambda rng: causal.causal_attention(
-      q, k, v, 0.2, rng, block=8)))(jax.random.split(jax.random.PRNGKey(0),
+      q, k, v, 0.2, rng, block_size=8)))(jax.random.split(jax.random.PRNGKey(0),
                                                      300))
   assert not np.allclose(samples[0], no_dropout)
   np.testing.assert_allclose(samples.mean(0), no_dropout, atol=0.15)
@@ -103,15 +103,16 @@ def test_cached_attention_reads_the_filled_part_only(index, new):
   filled = (jnp.arange(40) < index + new)[None, :, None]
   # Large values past the filled part: they must get no weight.
   ks, vs = (jnp.where(filled, x, 1e4) for x in (k, v))
-  got = jax.jit(causal.cached_attention, static_argnames='block')(
-      q[:, index:index + new], ks, vs, jnp.array(index), block=16)
+  got = jax.jit(causal.cached_attention, static_argnames='block_size')(
+      q[:, index:index + new], ks, vs, jnp.array(index), block_size=16)
   assert _relative_error(got, expected) < RTOL
 
 
 def test_auto_in_predict_mode_reads_the_filled_part_off_the_gpu():
   q, k = jnp.zeros((2, 1, 8)), jnp.zeros((2, 2048, 8))
   expected = 'reference' if jax.default_backend() == 'gpu' else 'fused'
-  assert kernels.resolve_causal('auto', q, k, 0.0, predict=True) == expected
+  call = kernels.Call(q.shape, k.shape, q.dtype, causal=True, predict=True)
+  assert kernels.choose(call) == expected
 
 
 def test_keep_masks_have_the_rate_and_are_uncorrelated():
