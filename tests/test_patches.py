@@ -29,6 +29,14 @@ def test_installed_versions_are_the_tested_ones():
   assert patches.untested_versions() == []
 
 
+def test_guarded_versions_come_from_our_package_metadata():
+  required = patches.required_versions()
+  pins = [line for line in importlib.metadata.requires('trax_qkv')
+          if line.startswith(('trax==', 'jax=='))]
+  assert sorted(f'{name}{spec}' for name, spec in required.items()) == (
+      sorted(pins))
+
+
 def test_other_versions_warn(monkeypatch):
   real = importlib.metadata.version
   monkeypatch.setattr(
@@ -37,18 +45,19 @@ def test_other_versions_warn(monkeypatch):
   assert patches.untested_versions() == ['trax 1.5.0']
   monkeypatch.setattr(patches, '_applied', False)
   with pytest.warns(patches.UntestedVersionWarning,
-                    match=r'written for trax 1\.4\.1 and jax 0\.10\.x; '
+                    match=r'written for trax ==1\.4\.1 and jax ==0\.10\.2; '
                     r'found trax 1\.5\.0'):
     patches.apply()
 
 
 def test_trainer_loop_class_is_scoped():
-  from trax.supervised import trainer_lib  # pylint: disable=g-import-not-at-top
+  from trax.supervised import trainer_lib
+  from trax_qkv.supervised import training
   original = trainer_lib.training.Loop
 
   class MyLoop(original):
     pass
 
-  with patches.trainer_loop_class(MyLoop):
+  with training.trainer_loop_class(MyLoop):
     assert trainer_lib.training.Loop is MyLoop
   assert trainer_lib.training.Loop is original

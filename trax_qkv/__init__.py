@@ -7,7 +7,8 @@ Layout: `kernels` (the attention math, pure JAX), `layers` (Trax layers over
 it), `models` (which attention trax.models' Transformers use) and `patches`
 (every change to Trax) are the core; `data`, `supervised` (training with
 exact resume, decoding, scoring) and `validation` are the translation
-pipeline; `benchmarks` times them; `cli` holds the console commands.
+pipeline; `benchmarks` times them; `cli` holds the console commands;
+`compat` the first release's names.
 
 Importing the package registers its gin configurables under the module
 `trax_qkv`, the layers with a `Qkv` prefix (`@trax_qkv.QkvAttentionQKV`,
@@ -20,43 +21,43 @@ changes until you choose. Without Trax installed only `trax_qkv.kernels`
 (and `trax_qkv.benchmarks.kernels`) can be used.
 """
 
-__version__ = '0.2.0'
+import importlib.util
 
-_PUBLIC = ('Attention', 'AttentionQKV', 'CausalAttention',
-           'DotProductCausalAttention', 'PureAttention',
-           'CrossAttentionTransformer', 'DecoderSelfAttention',
-           'EncoderDecoderAttention', 'EncoderSelfAttention',
-           'attention_implementations', 'cross_attention_implementations',
-           'register_attention', 'register_cross_attention',
-           'use_attention', 'use_cross_attention')
+__version__ = '0.3.0'
 
 try:
-  import trax as _trax  # pylint: disable=unused-import
+  import trax as _trax
 except ImportError as _error:  # JAX alone: the kernels still work
   _TRAX_IMPORT_ERROR = _error
 else:
   _TRAX_IMPORT_ERROR = None
+  del _trax
+  from trax_qkv import compat
   from trax_qkv import patches
+  from trax_qkv.compat import CrossAttentionTransformer
+  from trax_qkv.compat import cross_attention_implementations
+  from trax_qkv.compat import register_cross_attention
+  from trax_qkv.compat import use_cross_attention
   from trax_qkv.layers import Attention
   from trax_qkv.layers import AttentionQKV
   from trax_qkv.layers import CausalAttention
   from trax_qkv.layers import DotProductCausalAttention
   from trax_qkv.layers import PureAttention
-  from trax_qkv.models.registry import CrossAttentionTransformer
+  from trax_qkv.models import registry as _registry
   from trax_qkv.models.registry import DecoderSelfAttention
   from trax_qkv.models.registry import EncoderDecoderAttention
   from trax_qkv.models.registry import EncoderSelfAttention
   from trax_qkv.models.registry import attention_implementations
-  from trax_qkv.models.registry import cross_attention_implementations
   from trax_qkv.models.registry import register_attention
-  from trax_qkv.models.registry import register_cross_attention
   from trax_qkv.models.registry import use_attention
-  from trax_qkv.models.registry import use_cross_attention
   patches.apply()
+  _registry.install()
 
 
 def __getattr__(name):
-  if name in _PUBLIC and _TRAX_IMPORT_ERROR is not None:
+  # Submodules stay importable without Trax (`from trax_qkv import kernels`).
+  if (_TRAX_IMPORT_ERROR is not None and not name.startswith('_')
+      and importlib.util.find_spec(f'{__name__}.{name}') is None):
     raise ImportError(
         f'trax_qkv.{name} needs Trax, and importing it failed: '
         f'{_TRAX_IMPORT_ERROR}. Install trax_qkv with its dependencies '

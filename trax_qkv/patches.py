@@ -1,11 +1,12 @@
-"""Every change trax_qkv makes to Trax's behaviour, in one place.
+"""Every change trax_qkv makes to Trax's own code, in one place.
 
 `apply()` runs once, when `trax_qkv` is imported (calling it again does
 nothing). None of these changes numerics or a model: the first three fix
-crashes of trax 1.4.1 on current JAX, the fourth makes the attention of
-trax.models' Transformers selectable, with the built-in as default, and
-the fifth keeps checkpoint files from running code. They were written for
-the versions in TESTED_VERSIONS; elsewhere `apply()` warns.
+crashes of trax 1.4.1 on current JAX, the fourth keeps checkpoint files
+from running code. They are written for the trax and jax versions that
+trax_qkv's own package metadata requires (setup.cfg); with others
+`apply()` warns. (Making trax.models' attention selectable is not a fix
+to Trax: `models.registry.install` does it, beside the sites.)
 
 1. `trax.fastmath.numpy.tree_unflatten`: resuming `training.Loop` from a
    checkpoint crashed: it tests `tree in copy_from_tree` (markers such as
@@ -19,25 +20,13 @@ the versions in TESTED_VERSIONS; elsewhere `apply()` warns.
 3. `trax.layers.acceleration.on_cpu`: Trax moves optimizer slots `on_cpu`,
    which now collapses such a sharded array onto CPU device 0 and `pmap`
    rejects it; an array already in CPU memory is left where it is.
-4. `trax.models.transformer.tl`: that module (and only it) sees
-   `registry.layers_with_dispatchers()`, a view of `trax.layers` whose
-   `Attention`, `CausalAttention` and `AttentionQKV` are the dispatchers of
-   the sites (`registry.SITES`: encoder self-attention, decoder
-   self-attention, cross-attention), whose default is the built-in layer.
-   trax.models.transformer calls each of these names in that one site
-   only.
-5. `pickle` in `trax.supervised.training`, `trax.layers.base` and
+4. `pickle` in `trax.supervised.training`, `trax.layers.base` and
    `trax.data.inputs`, and `trax.layers.np_from_file`: every checkpoint,
    weight, optimizer-slot and data-counter file Trax reads (`Loop`,
    `init_from_file`, `trainer_lib`) goes through
    `trax_qkv.checkpoint_files`, which refuses objects that no checkpoint
    holds (unpickling them could run code) and reports a truncated weights
    or slots file instead of returning fewer arrays. Writing is Trax's.
-
-Two more are scoped to a call, not applied at import:
-`trainer_loop_class` (trainer_lib builds the given Loop class, for our
-exact resume) and `reset_data_counters` (Trax keeps the data positions of
-every stream in one module-level dict).
 """
 
 import contextlib
@@ -51,18 +40,16 @@ import numpy as np
 import trax.data
 import trax.layers
 from trax import fastmath
+from packaging import requirements
 from trax.data import inputs as trax_inputs
 from trax.layers import acceleration
 from trax.layers import base as trax_layers_base
-from trax.models import transformer as trax_transformer
-from trax.supervised import trainer_lib
 from trax.supervised import training as trax_training
 
 from trax_qkv import checkpoint_files
-from trax_qkv.models import registry
 
-# Package -> the version prefixes the patches were written and tested for.
-TESTED_VERSIONS = {'trax': ('1.4.1',), 'jax': ('0.10.',)}
+# The packages whose code the patches change: their versions are guarded.
+PATCHED_PACKAGES = ('trax', 'jax')
 
 # The module itself: `trax.fastmath.numpy` as an attribute is the backend's
 # numpy (jax.numpy), not this file.
@@ -78,15 +65,27 @@ class UntestedVersionWarning(UserWarning):
   """trax_qkv patches a Trax or JAX version it was not written for."""
 
 
-def untested_versions():
-  """'package version' for each installed package outside TESTED_VERSIONS."""
-  found = []
-  for package, prefixes in TESTED_VERSIONS.items():
-    version = importlib.metadata.version(package)
-    if not any(version == p or (p.endswith('.') and version.startswith(p))
-               for p in prefixes):
-      found.append(f'{package} {version}')
+def required_versions():
+  """{package: specifier} of PATCHED_PACKAGES, as trax_qkv's installed
+  metadata requires them (setup.cfg); {} when trax_qkv runs uninstalled."""
+  try:
+    required = importlib.metadata.requires('trax_qkv') or []
+  except importlib.metadata.PackageNotFoundError:
+    return {}
+  found = {}
+  for line in required:
+    requirement = requirements.Requirement(line)
+    if requirement.name in PATCHED_PACKAGES and not requirement.marker:
+      found[requirement.name] = requirement.specifier
   return found
+
+
+def untested_versions():
+  """'package version' for each of PATCHED_PACKAGES whose installed version
+  is not the one trax_qkv requires."""
+  return [f'{package} {importlib.metadata.version(package)}'
+          for package, specifier in required_versions().items()
+          if importlib.metadata.version(package) not in specifier]
 
 
 def _tree_unflatten(flat, tree, copy_from_tree=None):
@@ -122,16 +121,18 @@ def _on_cpu(x):
 
 
 def apply():
-  """Applies patches 1-5 (see the module doc); idempotent."""
+  """Applies patches 1-4 (see the module doc); idempotent."""
   global _applied
   if _applied:
     return
   untested = untested_versions()
   if untested:
+    wanted = ' and '.join(f'{package} {specifier}' for package, specifier
+                          in required_versions().items())
     warnings.warn(
-        f'trax_qkv was written for trax 1.4.1 and jax 0.10.x; found '
-        f'{", ".join(untested)}. Its fixes to Trax (trax_qkv.patches) may '
-        'not fit this version: run the test suite before trusting results.',
+        f'trax_qkv was written for {wanted}; found {", ".join(untested)}. '
+        'Its fixes to Trax (trax_qkv.patches) may not fit this version: '
+        'run the test suite before trusting results.',
         UntestedVersionWarning, stacklevel=2)
   # Recursive calls inside trax look the function up in its module.
   fastmath_numpy.tree_unflatten = _tree_unflatten
@@ -141,7 +142,6 @@ def apply():
   trax.layers.for_n_devices = _for_n_devices
   acceleration.on_cpu = _on_cpu
   trax.layers.on_cpu = _on_cpu
-  trax_transformer.tl = registry.layers_with_dispatchers()
   _set_checkpoint_readers(checkpoint_files.SafePickleModule(),
                           checkpoint_files.np_from_file)
   _applied = True
@@ -156,7 +156,7 @@ def _set_checkpoint_readers(pickle_module, np_from_file):
 
 @contextlib.contextmanager
 def trax_checkpoint_reading():
-  """Within the block Trax reads checkpoints its own way (patch 5 undone):
+  """Within the block Trax reads checkpoints its own way (patch 4 undone):
   for `trax-qkv-bench --only checkpoints`, which times both."""
   _set_checkpoint_readers(pickle, _original_np_from_file)
   try:
@@ -164,25 +164,3 @@ def trax_checkpoint_reading():
   finally:
     _set_checkpoint_readers(checkpoint_files.SafePickleModule(),
                             checkpoint_files.np_from_file)
-
-
-@contextlib.contextmanager
-def trainer_loop_class(loop_class):
-  """Within the block, `trainer_lib.train` builds `loop_class` instead of
-  `training.Loop` (same constructor)."""
-  original = trainer_lib.training.Loop
-  trainer_lib.training.Loop = loop_class
-  try:
-    yield
-  finally:
-    trainer_lib.training.Loop = original
-
-
-def reset_data_counters():
-  """Forgets the data positions of an earlier run in this process.
-
-  Trax keeps `CountAndSkip` counters in one module-level dict; it is replaced
-  by the checkpoint's when a Loop resumes, but a new run in the same process
-  would otherwise skip what an earlier run read.
-  """
-  trax.data.inputs.data_counters = {}

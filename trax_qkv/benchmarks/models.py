@@ -1,8 +1,8 @@
-"""Whole trax.models against the built-in: the plugin in every attention site.
+"""Whole trax.models against the built-in: trax_qkv in every attention site.
 
 For each model below, three contenders are built from the same code:
-'trax' (Trax's own layers everywhere), 'reference' and 'auto' (the plugin
-in every site: encoder self-attention, decoder causal attention,
+'trax' (Trax's own layers everywhere), 'reference' and 'auto' (trax_qkv's
+layers in every site: encoder self-attention, decoder causal attention,
 cross-attention, through `trax_qkv.use_attention`). In one run, interleaved
 (see `timing.interleaved_times`), it measures
 
@@ -184,12 +184,12 @@ def round_speedups(entry, name):
 
 
 def markdown(results):
-  """Speed-ups are the plugin's rate / the built-in's; memory the step's."""
+  """Speed-ups are trax_qkv's rate / the built-in's; memory the step's."""
   names = CONTENDERS
   lines = [
       f"Device: {results['device']} ({results['backend']}); training steps: "
       f"medians of {results['rounds']} interleaved rounds, the spread is "
-      "the 25th-75th percentile of the per-round ratios; the plugin in every "
+      "the 25th-75th percentile of the per-round ratios; trax_qkv in every "
       'attention site.', '',
       '| model | measure | ' + ' | '.join(names) + ' |',
       '|---|---|' + '---|' * len(names)]

@@ -1,14 +1,13 @@
 """Console commands: one module per command, each with `build_parser()` and
-`main(argv)`. `trax_qkv_cli` (setup.cfg console_scripts) and scripts/ call
-them; every flag's default and help is written once, here or in the config
-it fills."""
+`main(argv)`. `_trax_qkv_cli` (setup.cfg console_scripts) calls them; every
+flag's default and help is written once, here or in the config it fills."""
 
 import argparse
 
 
 def new_parser(prog, doc):
   """A parser whose --help shows the command's module doc as written, and
-  its --verbose flag (read by `trax_qkv_cli` before the command is
+  its --verbose flag (read by `_trax_qkv_cli` before the command is
   imported)."""
   parser = argparse.ArgumentParser(
       prog=prog, description=doc,
@@ -17,6 +16,43 @@ def new_parser(prog, doc):
       '--verbose', action='store_true',
       help="show TensorFlow's, XLA's, Gym's and gin's start-up output")
   return parser
+
+
+def site_implementation(text):
+  """argparse type: 'SITE=NAME' -> (site, name); names are checked later,
+  once the registry is imported."""
+  site, equals, name = text.partition('=')
+  if not equals or not site or not name:
+    raise argparse.ArgumentTypeError(
+        f'must be SITE=NAME, e.g. cross_attention=auto; got {text!r}')
+  return site, name
+
+
+def add_attention_flag(parser):
+  """--attention SITE=NAME, repeatable: the attention to run in a site
+  instead of what the model was trained with."""
+  from trax_qkv import kernels
+  from trax_qkv.models import registry
+  parser.add_argument(
+      '--attention', type=site_implementation, action='append', default=[],
+      metavar='SITE=NAME',
+      help='run NAME in SITE instead of what the model was trained with; '
+      f"repeat for several sites. Sites: {', '.join(registry.SITES)}; "
+      f"names: 'trax' (Trax's layer), a kernel or 'auto' "
+      f"({', '.join(kernels.names())}; default: as trained)")
+
+
+def attention_from_flags(args):
+  """{site: name} of --attention flags, checked; None when there are none.
+
+  Raises:
+    ValueError: a site or name that the registry does not know.
+  """
+  from trax_qkv.models import registry
+  attention = dict(args.attention) or None
+  for site, name in (attention or {}).items():
+    registry.resolve_attention(site, name)
+  return attention
 
 
 def positive_int(text):

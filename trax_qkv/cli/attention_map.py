@@ -35,13 +35,14 @@ def build_parser():
   parser.add_argument('--format', choices=('png', 'json'), default='png',
                       help='png: the map; json: the weights, per layer '
                       '[head][target token][source token] (default: png)')
+  cli.add_attention_flag(parser)
   return parser
 
 
 def check_output(path):
   """Raises ValueError unless `path` can be written as a file: not a
   directory, and inside a directory that exists or can be created."""
-  from trax_qkv import files  # pylint: disable=g-import-not-at-top
+  from trax_qkv import files
   path = os.path.abspath(path)
   if os.path.isdir(path):
     raise ValueError(f'output {path} is a directory; give a file name, e.g. '
@@ -55,13 +56,14 @@ def check_output(path):
 def main(argv=None):
   args = build_parser().parse_args(argv)
   output = args.output or f'attention_map.{args.format}'
-  from trax_qkv import files  # pylint: disable=g-import-not-at-top
-  from trax_qkv.supervised import attention_maps  # pylint: disable=g-import-not-at-top
+  from trax_qkv import files
+  from trax_qkv.supervised import attention_maps
   try:
     check_output(output)
     source_tokens, target_tokens, weights, target = (
         attention_maps.for_sentence(args.model_dir, args.source,
-                                    args.target))
+                                    args.target,
+                                    cli.attention_from_flags(args)))
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
@@ -72,7 +74,7 @@ def main(argv=None):
          'source_tokens': source_tokens, 'target_tokens': target_tokens,
          'weights': [w.tolist() for w in weights]}, ensure_ascii=False))
   else:
-    from trax_qkv.validation import report  # pylint: disable=g-import-not-at-top
+    from trax_qkv.validation import report
     report.plot_heatmaps(weights, source_tokens, target_tokens, output,
                          f'"{args.source}" -> "{target}"')
   print(output)

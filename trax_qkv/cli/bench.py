@@ -1,7 +1,7 @@
 """trax-qkv-bench: trax_qkv's layers and models against Trax's built-in.
 
   trax-qkv-bench                   # layers, then models, runs/bench/
-  trax-qkv-bench --only models     # whole trax.models, plugin in every site
+  trax-qkv-bench --only models     # whole trax.models, trax_qkv in every site
   trax-qkv-bench --only checkpoints  # resuming: Trax's reader and ours
   trax-qkv-bench --quick           # small shapes, a smoke test
 
@@ -27,7 +27,7 @@ def build_parser():
   parser.add_argument(
       '--only', choices=('layers', 'models', 'checkpoints'), default=None,
       help='run one part: the attention layers (AttentionQKV alone, ~15 '
-      'min on 2 cores), whole trax.models with the plugin in every site '
+      'min on 2 cores), whole trax.models with trax_qkv in every site '
       '(TransformerLM, Transformer; ~15 min) or loading a checkpoint of '
       "the Multi30k-sized model with Trax's reader and trax_qkv's (~2 "
       'min); default layers and models')

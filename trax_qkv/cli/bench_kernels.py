@@ -5,8 +5,8 @@ bfloat16 and float32.
   trax-qkv-bench-kernels --shape 1 4096 4096 256 8
 
 Q, K and V come already projected, so this needs JAX only (no Trax, no
-TensorFlow: `python3 scripts/bench_kernels.py` runs from a plain checkout on
-a machine that has only JAX); on a GPU it adds the cuDNN kernel. Prints ms,
+TensorFlow: `python3 -m _trax_qkv_cli bench_kernels` runs from a plain
+checkout on a machine that has only JAX); on a GPU it adds the cuDNN kernel. Prints ms,
 speed-ups over 'reference', TFLOP/s against the measured matmul rate,
 temporary memory and the float32 error of each implementation; writes
 kernel_bench.json and kernel_bench.md.

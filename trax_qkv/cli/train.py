@@ -1,8 +1,8 @@
 """trax-qkv-train: train a Trax model from gin configs, resuming exactly.
 
-  trax-qkv-train --config_file configs/plugin.gin --output_dir runs/plugin
-  trax-qkv-train --config_file configs/builtin.gin \\
-      --config 'train.steps = 200' --output_dir runs/builtin
+  trax-qkv-train --config_file configs/reference.gin --output_dir runs/reference
+  trax-qkv-train --config_file configs/trax.gin \\
+      --config 'train.steps = 200' --output_dir runs/trax
 
 `python -m trax.trainer` no longer imports on current JAX; this does its
 job. Running the same command again resumes from the checkpoint in

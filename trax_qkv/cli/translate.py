@@ -2,6 +2,8 @@
 
   trax-qkv-translate --model_dir runs/validate/reference "twenty-one"
   cat sentences.de | trax-qkv-translate --model_dir runs/m30k/reference --beam 4
+  trax-qkv-translate --model_dir runs/m30k/reference \
+      --attention cross_attention=auto --attention causal_attention=auto < in.de
 
 --model_dir is a model directory written by trax-qkv-validate (its
 checkpoint, model.json and vocabulary). Sentences come from the arguments,
@@ -33,11 +35,7 @@ def build_parser():
                       help='most tokens decoded per sentence (default: '
                       'twice the longest source + 10, within the model\'s '
                       'max_len)')
-  parser.add_argument('--implementation', default=None,
-                      help='cross-attention implementation to decode with, '
-                      "a registered name ('trax', 'reference', 'fused', "
-                      "'chunked', 'cudnn', 'auto'; default: the one the "
-                      'model was trained with)')
+  cli.add_attention_flag(parser)
   return parser
 
 
@@ -57,17 +55,15 @@ def read_lines(file, name):
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
-  from trax_qkv.models import registry  # pylint: disable=g-import-not-at-top
-  from trax_qkv.supervised import translation  # pylint: disable=g-import-not-at-top
+  from trax_qkv.supervised import translation
   sentences = args.sentences
   try:
+    attention = cli.attention_from_flags(args)
     if not sentences and not sys.stdin.isatty():
       sentences = read_lines(sys.stdin.buffer, 'standard input')
-    if args.implementation is not None:
-      registry.resolve_cross_attention(args.implementation)
     translations = translation.translate(
         args.model_dir, sentences, n_beams=args.beam, alpha=args.alpha,
-        cross_attention=args.implementation, batch_size=args.batch_size,
+        attention=attention, batch_size=args.batch_size,
         max_length=args.max_length,
         log=lambda line: print(line, file=sys.stderr))
   except ValueError as e:

@@ -1,8 +1,9 @@
-"""trax-qkv-validate: Transformers with different cross-attention trained
-side by side from the same seed, decoded and scored.
+"""trax-qkv-validate: Transformers with different attention trained side by
+side from the same seed, decoded and scored.
 
 With no flags: the embedded English -> German numbers corpus, the built-in
-('trax') and the bit-identical plugin ('reference'); writes report.md,
+('trax') and trax_qkv's bit-identical layer ('reference') in
+cross-attention (--sites chooses others); writes report.md,
 summary.json, loss_curves.png and cross-attention maps to --output_dir.
 
   trax-qkv-validate

@@ -11,17 +11,18 @@ model is built, one of three names of `trax.layers` -- one per site:
   'cross_attention'   AttentionQKV     Transformer's encoder-decoder   EncoderDecoderAttention
                                        attention
 
-`trax_qkv.patches` makes those names the gin-configurable dispatchers
-above, whose default, 'trax', returns the built-in layer unchanged. So
-importing trax_qkv changes no model.
+`install()` (run when trax_qkv is imported) makes those names the
+gin-configurable dispatchers above, in that module only; their default,
+'trax', returns the built-in layer unchanged. So importing trax_qkv
+changes no model.
 
-Every site registers the implementation names of `trax_qkv.layers` --
-'reference' (bit-identical), 'fused', 'chunked', 'cudnn', 'auto' -- and
-'trax' for the built-in; `register_attention` adds more. The names of the
-first release ('trax_qkv', 'trax_qkv_fused', ...) still work, with a
-DeprecationWarning.
+Every site takes 'trax' for the built-in, every kernel name of
+`trax_qkv.kernels.names()` ('reference' -- bit-identical --, 'fused',
+'chunked', 'cudnn', 'auto', and any kernel registered later) for
+trax_qkv's layer running that kernel, and what `register_attention` adds.
+The first release's names and API are in `trax_qkv.compat`.
 
-Select the plugin
+Select trax_qkv's layers
   from gin:     trax_qkv.DecoderSelfAttention.implementation = 'auto'
                 trax_qkv.EncoderDecoderAttention.implementation = 'reference'
   from Python:  with trax_qkv.use_attention(self_attention='auto',
@@ -35,7 +36,6 @@ import contextvars
 import dataclasses
 import functools
 import types
-import warnings
 
 import gin
 import trax.layers
@@ -84,16 +84,15 @@ SITES = {site.name: site for site in (
          layers.AttentionQKV, 'EncoderDecoderAttention',
          'encoder-decoder (cross-) attention'),
 )}
-_REGISTRY = {site: {} for site in SITES}
+_REGISTRY = {site: {BUILTIN: SITES[site].builtin} for site in SITES}
 _overrides = {site: contextvars.ContextVar(f'trax_qkv_{site}', default=None)
               for site in SITES}
-# Names of the first release -> today's.
-DEPRECATED_NAMES = {'trax_qkv': 'reference', **{
-    f'trax_qkv_{name}': name for name in kernels.IMPLEMENTATIONS
-    if name != 'reference'}}
+# Old name -> (today's name, warning to give): `trax_qkv.compat` fills it.
+_RENAMED = {}
 
 
-def _check_site(site):
+def check_site(site):
+  """Raises ValueError unless `site` is one of SITES."""
   if site not in SITES:
     raise ValueError(f'site must be one of {tuple(SITES)}; got {site!r}.')
 
@@ -108,7 +107,7 @@ def register_attention(site, name, factory):
         built-in (`tl.Attention`, `tl.CausalAttention`, `tl.AttentionQKV`);
         returns a layer with the same inputs and outputs.
   """
-  _check_site(site)
+  check_site(site)
   if not isinstance(name, str) or not name:
     raise TypeError(f'name must be a non-empty str; got {name!r}.')
   if not callable(factory):
@@ -116,52 +115,43 @@ def register_attention(site, name, factory):
   _REGISTRY[site][name] = factory
 
 
-def register_cross_attention(name, factory):
-  """`register_attention('cross_attention', name, factory)`."""
-  register_attention('cross_attention', name, factory)
-
-
 def attention_implementations(site):
-  """Names that `site` accepts."""
-  _check_site(site)
-  return tuple(sorted(_REGISTRY[site]))
+  """Names that `site` accepts: 'trax', the kernels, registered ones."""
+  check_site(site)
+  return tuple(sorted(set(_REGISTRY[site]) | set(kernels.names())))
 
 
-def cross_attention_implementations():
-  """Names that `implementation` / `cross_attention` accept."""
-  return attention_implementations('cross_attention')
+def rename(old, new, warn):
+  """Makes `old` resolve as `new` everywhere, calling `warn(old, new)`
+  each time it is used (`trax_qkv.compat` keeps the first release's
+  names this way)."""
+  _RENAMED[old] = (new, warn)
 
 
 def canonical_name(implementation):
-  """Today's name for `implementation` (a DeprecationWarning for an old one);
-  factories and unknown names are returned as they are."""
-  if isinstance(implementation, str) and implementation in DEPRECATED_NAMES:
-    new = DEPRECATED_NAMES[implementation]
-    warnings.warn(
-        f'the attention name {implementation!r} is deprecated and will be '
-        f'removed in the next release; use {new!r}.', DeprecationWarning,
-        stacklevel=3)
+  """Today's name for `implementation`; factories and unknown names are
+  returned as they are."""
+  if isinstance(implementation, str) and implementation in _RENAMED:
+    new, warn = _RENAMED[implementation]
+    warn(implementation, new)
     return new
   return implementation
 
 
 def resolve_attention(site, implementation):
-  """A registered name or a layer factory -> the layer factory."""
-  _check_site(site)
+  """A registered name, a kernel name or a layer factory -> the factory."""
+  check_site(site)
   if callable(implementation):
     return implementation
   implementation = canonical_name(implementation)
-  if implementation not in _REGISTRY[site]:
-    raise ValueError(
-        f'{site} implementation must be one of '
-        f'{attention_implementations(site)} or a layer factory; got '
-        f'{implementation!r}.')
-  return _REGISTRY[site][implementation]
-
-
-def resolve_cross_attention(implementation):
-  """`resolve_attention('cross_attention', implementation)`."""
-  return resolve_attention('cross_attention', implementation)
+  if implementation in _REGISTRY[site]:
+    return _REGISTRY[site][implementation]
+  if isinstance(implementation, str) and implementation in kernels.names():
+    return functools.partial(SITES[site].ours, implementation=implementation)
+  raise ValueError(
+      f'{site} implementation must be one of '
+      f'{attention_implementations(site)} or a layer factory; got '
+      f'{implementation!r}.')
 
 
 @contextlib.contextmanager
@@ -185,11 +175,6 @@ def use_attention(**implementations):
   finally:
     for site, token in reversed(tokens):
       _overrides[site].reset(token)
-
-
-def use_cross_attention(implementation):
-  """Within the block, Transformers are built with this cross-attention."""
-  return use_attention(cross_attention=canonical_name(implementation))
 
 
 def _make_dispatcher(site):
@@ -219,9 +204,9 @@ def _make_dispatcher(site):
 
 
 DISPATCHERS = {name: _make_dispatcher(site) for name, site in SITES.items()}
-EncoderSelfAttention = DISPATCHERS['self_attention']  # pylint: disable=invalid-name
-DecoderSelfAttention = DISPATCHERS['causal_attention']  # pylint: disable=invalid-name
-EncoderDecoderAttention = DISPATCHERS['cross_attention']  # pylint: disable=invalid-name
+EncoderSelfAttention = DISPATCHERS['self_attention']
+DecoderSelfAttention = DISPATCHERS['causal_attention']
+EncoderDecoderAttention = DISPATCHERS['cross_attention']
 
 
 class _LayersWithDispatchers(types.ModuleType):
@@ -235,45 +220,16 @@ class _LayersWithDispatchers(types.ModuleType):
 
 
 def layers_with_dispatchers():
-  """The view of `trax.layers` that `trax_qkv.patches` gives
+  """The view of `trax.layers` that `install` gives
   trax.models.transformer, which calls each site's `trax_name` in that
   site only: there it is the site's dispatcher, whose default is the
   built-in layer."""
   return _LayersWithDispatchers('trax.layers')
 
 
-@gin.configurable(module='trax_qkv', denylist=['mode'])
-def CrossAttentionTransformer(input_vocab_size,  # pylint: disable=invalid-name
-                              output_vocab_size=None,
-                              d_model=512,
-                              d_ff=2048,
-                              n_encoder_layers=6,
-                              n_decoder_layers=6,
-                              n_heads=8,
-                              max_len=2048,
-                              dropout=0.1,
-                              dropout_shared_axes=None,
-                              mode='train',
-                              ff_activation=tl.Relu,
-                              cross_attention='reference'):
-  """`trax.models.Transformer` with the chosen cross-attention.
-
-  Same arguments, defaults and modes as trax.models.Transformer, plus
-  `cross_attention`: a registered name ('trax', 'reference', 'auto', ...)
-  or a layer factory. Registered in gin under its own name, so
-  `Transformer.*` bindings keep meaning trax.models.Transformer.
-  """
-  with use_cross_attention(cross_attention):
-    return trax_transformer.Transformer(
-        input_vocab_size, output_vocab_size=output_vocab_size,
-        d_model=d_model, d_ff=d_ff, n_encoder_layers=n_encoder_layers,
-        n_decoder_layers=n_decoder_layers, n_heads=n_heads, max_len=max_len,
-        dropout=dropout, dropout_shared_axes=dropout_shared_axes, mode=mode,
-        ff_activation=ff_activation)
-
-
-for _site in SITES.values():
-  register_attention(_site.name, BUILTIN, _site.builtin)
-  for _name in kernels.IMPLEMENTATIONS:
-    register_attention(_site.name, _name,
-                       functools.partial(_site.ours, implementation=_name))
+def install():
+  """Makes trax.models.transformer build its attention through the sites'
+  dispatchers: that module (and only it) sees `layers_with_dispatchers()`
+  as `tl`. Idempotent."""
+  if not isinstance(trax_transformer.tl, _LayersWithDispatchers):
+    trax_transformer.tl = layers_with_dispatchers()

@@ -45,22 +45,33 @@ def token_pieces(vocab, ids):
   return [vocab.decode([i]) if i != EOS_ID else '<eos>' for i in ids]
 
 
-def for_sentence(model_dir, source, target=None):
+def for_sentence(model_dir, source, target=None, attention=None):
   """The cross-attention of the model in `model_dir` for one sentence.
 
-  Returns (source tokens, target tokens, per decoder layer (heads, Lq, Lk)
-  weights, target text); without `target` the model's greedy translation
-  is teacher-forced.
+  Args:
+    model_dir: a directory written by trax-qkv-validate or trax-qkv-train.
+    source: the source sentence.
+    target: the target to teacher-force (default: the model's greedy
+      translation).
+    attention: {site: implementation} to run instead of what the model was
+      trained with ('viz' mode runs the reference math in trax_qkv's
+      layers either way).
+
+  Returns:
+    (source tokens, target tokens, per decoder layer (heads, Lq, Lk)
+    weights, target text).
   """
   if not source.strip():
     raise ValueError('source must be a non-empty sentence.')
+  translation.check_attention(attention)
   model = model_dir_lib.load(model_dir)
+  model_fn = model_dir_lib.transformer_fn(model.settings, attention)
   source_ids = decoding.encode_sources(model.vocab, [source])[0]
   translation.check_sources_fit([source_ids], model.settings, [1])
-  translation.check_checkpoint(model,
-                               model_dir_lib.transformer_fn(model.settings))
+  translation.check_checkpoint(model, model_fn)
   if target is None:
-    target_ids = translation.translate_ids(model, [source])[0] + [EOS_ID]
+    target_ids = translation.translate_ids(
+        model, [source], attention=attention)[0] + [EOS_ID]
     target = model.vocab.decode(target_ids[:-1])
   else:
     target_ids = model.vocab.encode(target) + [EOS_ID]
@@ -69,7 +80,7 @@ def for_sentence(model_dir, source, target=None):
                      f"model takes at most {model.settings['max_len']} (its "
                      'max_len).')
   layers = cross_attention_weights(
-      model_dir_lib.transformer_fn(model.settings), model.checkpoint,
+      model_fn, model.checkpoint,
       [source_ids], [target_ids], model.settings['n_decoder_layers'])
   return (token_pieces(model.vocab, source_ids),
           token_pieces(model.vocab, target_ids), [w[0] for w in layers],

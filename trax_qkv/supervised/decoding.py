@@ -8,6 +8,8 @@ reset to its initial value before each batch -- trax's
 reuse the first call's encoder output.
 """
 
+import contextlib
+
 import gin
 import jax
 import numpy as np
@@ -16,6 +18,7 @@ from trax import shapes
 from trax.supervised import decoding
 
 from trax_qkv.data import EOS_ID
+from trax_qkv.supervised.progress import Progress
 
 
 def encode_sources(vocab, sources):
@@ -223,3 +226,40 @@ def beam_decode(model, source_ids, batch_size, source_length, n_beams,
     if progress is not None:
       progress.update()
   return outputs
+
+
+def decode(model_fn, weights_file, source_ids, n_beams=1, alpha=0.6,
+           batch_size=32, max_length=None, source_length=None,
+           description='decoding', log=None):
+  """Decodes `source_ids` with the model of `weights_file`: the one
+  sequence that trax-qkv-translate and the main job run.
+
+  Args:
+    model_fn: called as model_fn(mode='predict') -> Trax layer.
+    weights_file: the model's checkpoint (`model.pkl.gz`).
+    source_ids: lists of token ids, EOS included (`encode_sources`).
+    n_beams: 1 decodes greedily; more runs `beam_decode` with this many.
+    alpha: GNMT length penalty of beam search.
+    batch_size: rows decoded at once; beam search takes
+      `batch_size // n_beams` sentences at a time (`sentences_per_batch`).
+    max_length: most tokens decoded per sentence.
+    source_length: the length every batch is padded to (default: the
+      longest source), so the model compiles once.
+    description, log: if `log` is given, a progress bar (or lines) named
+      `description` goes to it.
+
+  Returns:
+    One list of token ids (no EOS) per source.
+  """
+  source_length = source_length or max(len(s) for s in source_ids)
+  batch = sentences_per_batch(batch_size, n_beams, len(source_ids))
+  model = predict_model(model_fn, weights_file, batch * n_beams,
+                        source_length, max_length)
+  n_batches = -(-len(source_ids) // batch)
+  with (Progress(n_batches, description, log) if log
+        else contextlib.nullcontext()) as progress:
+    if n_beams == 1:
+      return greedy_decode(model, source_ids, batch, source_length,
+                           max_length, progress=progress)
+    return beam_decode(model, source_ids, batch, source_length, n_beams,
+                       max_length, alpha=alpha, progress=progress)

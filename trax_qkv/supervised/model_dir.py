@@ -22,6 +22,7 @@ from trax_qkv.models import registry
 SETTINGS_FILE = 'model.json'
 VOCAB_FILE = 'vocab.subwords'
 CHECKPOINT = 'model.pkl.gz'
+ATTENTION = 'attention'  # model.json's {site: implementation}
 # trax.models.Transformer's arguments that shape its weights or its math.
 TRANSFORMER_SETTINGS = ('d_model', 'd_ff', 'n_encoder_layers',
                         'n_decoder_layers', 'n_heads', 'max_len', 'dropout')
@@ -31,15 +32,16 @@ class ModelDirError(ValueError):
   """A directory that does not hold a usable trained model."""
 
 
-def transformer_fn(settings, cross_attention=None):
+def transformer_fn(settings, attention=None):
   """model_fn(mode=...) of the trax.models.Transformer that `settings`
-  describe, with the attention it was trained with in every site (Trax's
-  where a site is not recorded: directories written before it was), and
-  `cross_attention` instead, if given."""
-  chosen = {site: settings.get(site, registry.BUILTIN)
-            for site in registry.SITES}
-  if cross_attention is not None:
-    chosen['cross_attention'] = cross_attention
+  describe.
+
+  Args:
+    settings: model.json's settings (`load` or `model_settings`).
+    attention: {site: implementation} to build with instead of what the
+      model was trained with (its checkpoint fits every implementation).
+  """
+  chosen = dict(settings[ATTENTION], **(attention or {}))
   # Every argument explicit, so that no gin binding of Transformer changes
   # the model a directory describes.
   build = functools.partial(
@@ -54,14 +56,27 @@ def transformer_fn(settings, cross_attention=None):
   return model_fn
 
 
-def save(run_dir, settings, vocab_path):
-  """Writes `settings` (vocab_size, every key of TRANSFORMER_SETTINGS and
-  the attention of every site) and a copy of the vocabulary into
-  `run_dir`."""
-  missing = [k for k in TRANSFORMER_SETTINGS + ('vocab_size',)
-             + tuple(registry.SITES) if k not in settings]
+def model_settings(vocab_size, attention, **transformer):
+  """The settings model.json holds.
+
+  Args:
+    vocab_size: subwords of the vocabulary (input and output).
+    attention: {site: implementation name}; sites not named run Trax's
+      own layer.
+    **transformer: every argument of TRANSFORMER_SETTINGS.
+  """
+  missing = [k for k in TRANSFORMER_SETTINGS if k not in transformer]
   if missing:
     raise ValueError(f'model settings lack {missing}.')
+  for site in attention:
+    registry.check_site(site)
+  return dict(vocab_size=vocab_size, **transformer, attention={
+      site: attention.get(site, registry.BUILTIN) for site in registry.SITES})
+
+
+def save(run_dir, settings, vocab_path):
+  """Writes `settings` (`model_settings`) and a copy of the vocabulary into
+  `run_dir`."""
   os.makedirs(run_dir, exist_ok=True)
   with files.atomic_path(os.path.join(run_dir, VOCAB_FILE)) as tmp:
     shutil.copyfile(vocab_path, tmp)
@@ -95,17 +110,33 @@ def _read_settings(path):
   if settings['d_model'] % settings['n_heads']:
     raise ModelDirError(f'{file}: d_model ({settings["d_model"]}) must be '
                         f'divisible by n_heads ({settings["n_heads"]}).')
-  for site in registry.SITES:
-    if site in settings:
-      try:
-        registry.resolve_attention(site, settings[site])
-      except (TypeError, ValueError) as e:
-        raise ModelDirError(f'{file}: {e}') from None
-  if 'cross_attention' not in settings:
-    raise ModelDirError(f'{file}: cross_attention must name the '
-                        'attention the model was trained with; it is '
-                        'missing.')
+  settings[ATTENTION] = _read_attention(file, settings)
   return settings
+
+
+def _read_attention(file, settings):
+  """model.json's {site: implementation}, checked. Directories of 0.2.0
+  name the sites at the top level; sites a directory does not name (it was
+  written before they existed) ran Trax's layer."""
+  if ATTENTION in settings:
+    attention = settings[ATTENTION]
+    if not isinstance(attention, dict) or not attention:
+      raise ModelDirError(f'{file}: {ATTENTION} must map sites to the '
+                          f'attention the model was trained with; got '
+                          f'{attention!r}.')
+  else:
+    attention = {site: settings.pop(site) for site in registry.SITES
+                 if site in settings}
+    if not attention:
+      raise ModelDirError(f'{file}: {ATTENTION} must name the attention '
+                          'the model was trained with; it is missing.')
+  for site, name in attention.items():
+    try:
+      registry.resolve_attention(site, name)
+    except (TypeError, ValueError) as e:
+      raise ModelDirError(f'{file}: {e}') from None
+  return {site: attention.get(site, registry.BUILTIN)
+          for site in registry.SITES}
 
 
 def _read_vocab(path, settings):

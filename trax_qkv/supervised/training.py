@@ -9,18 +9,18 @@ Everything that can be wrong with the command line is checked before any
 training or writing.
 """
 
+import contextlib
 import inspect
 import os
 import tokenize
 
 import gin
+import trax.data
 import trax.models
 from trax.supervised import trainer_lib
 
-import trax_qkv  # pylint: disable=unused-import  (configurables for configs)
-import trax_qkv.data  # pylint: disable=unused-import
+import trax_qkv.data  # the data configurables of our configs
 from trax_qkv import files
-from trax_qkv import patches
 from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import locking
@@ -56,7 +56,7 @@ def parse_configs(config_files=(), bindings=()):
   for path in config_files:
     if not os.path.isfile(path):
       raise ConfigError(f'config file {path} does not exist; expected a gin '
-                        'file such as configs/plugin.gin.')
+                        'file such as configs/reference.gin.')
     gin.add_config_file_search_path(os.path.dirname(os.path.abspath(path)))
   try:
     gin.parse_config_files_and_bindings(list(config_files), list(bindings))
@@ -92,8 +92,8 @@ def train_from_configs(config_files, bindings, output_dir):
   gin.clear_config()
   parse_configs(config_files, bindings)
   check_train_settings()
-  patches.reset_data_counters()
-  with locking.hold_output_dir(output_dir), patches.trainer_loop_class(
+  reset_data_counters()
+  with locking.hold_output_dir(output_dir), trainer_loop_class(
       checkpointing.ResumableLoop):
     checkpointing.check_checkpoint_files(output_dir)
     settings = translation_model_settings()
@@ -106,6 +106,28 @@ def train_from_configs(config_files, bindings, output_dir):
     if settings:
       model_dir.save(output_dir, *settings)
     return loop
+
+
+@contextlib.contextmanager
+def trainer_loop_class(loop_class):
+  """Within the block, `trainer_lib.train` builds `loop_class` instead of
+  `training.Loop` (same constructor)."""
+  original = trainer_lib.training.Loop
+  trainer_lib.training.Loop = loop_class
+  try:
+    yield
+  finally:
+    trainer_lib.training.Loop = original
+
+
+def reset_data_counters():
+  """Forgets the data positions of an earlier run in this process.
+
+  Trax keeps `CountAndSkip` counters in one module-level dict; it is replaced
+  by the checkpoint's when a Loop resumes, but a new run in the same process
+  would otherwise skip what an earlier run read.
+  """
+  trax.data.inputs.data_counters = {}
 
 
 def _bound(selector, name, default):
@@ -127,11 +149,12 @@ def translation_model_settings():
       != 'trax_qkv.data.translation_vocab_size'):
     return None
   defaults = inspect.signature(trax.models.Transformer).parameters
-  settings = {name: _bound('Transformer', name, defaults[name].default)
-              for name in model_dir.TRANSFORMER_SETTINGS}
   data = trax_qkv.data.translation_data()
-  settings['vocab_size'] = data.vocab().vocab_size
-  for site in registry.SITES.values():
-    settings[site.name] = _bound(f'trax_qkv.{site.dispatcher}',
-                                 'implementation', registry.BUILTIN)
+  settings = model_dir.model_settings(
+      data.vocab().vocab_size,
+      {site.name: _bound(f'trax_qkv.{site.dispatcher}', 'implementation',
+                         registry.BUILTIN)
+       for site in registry.SITES.values()},
+      **{name: _bound('Transformer', name, defaults[name].default)
+         for name in model_dir.TRANSFORMER_SETTINGS})
   return settings, os.path.join(data.vocab_dir, data.vocab_file)

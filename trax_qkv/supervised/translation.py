@@ -5,10 +5,10 @@ import math
 import numpy as np
 from trax import shapes
 
+from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
 from trax_qkv.supervised import model_dir as model_dir_lib
-from trax_qkv.supervised.progress import Progress
 
 
 def longest_output(settings):
@@ -59,17 +59,28 @@ def translate(model_dir, sentences, **options):
           for ids in translate_ids(model, sentences, **options)]
 
 
+def check_attention(attention):
+  """Raises ValueError unless `attention` is None or maps sites to names
+  they accept."""
+  if attention is None:
+    return
+  if not isinstance(attention, dict):
+    raise TypeError(f'attention must be a dict {{site: implementation}}; '
+                    f'got {attention!r}.')
+  for site, name in attention.items():
+    registry.resolve_attention(site, name)
+
+
 def translate_ids(model_dir, sentences, n_beams=1, alpha=0.6,
-                  cross_attention=None, batch_size=32, max_length=None,
-                  log=None):
+                  attention=None, batch_size=32, max_length=None, log=None):
   """One list of token ids (no EOS) per sentence, None for a blank one.
 
   Args:
     model_dir: a directory written by trax-qkv-validate (or its ModelDir).
     sentences: source-language strings; an empty one translates to ''.
     n_beams, alpha: beam size and GNMT length penalty.
-    cross_attention: a registered implementation name; default the one
-        the model was trained with (the checkpoint fits every one).
+    attention: {site: implementation} to decode with; sites not named run
+        what the model was trained with (the checkpoint fits every one).
     batch_size: sentences decoded at once.
     max_length: most tokens decoded (default `default_max_length`).
     log: if given, progress lines go to it (a bar on a terminal).
@@ -83,6 +94,7 @@ def translate_ids(model_dir, sentences, n_beams=1, alpha=0.6,
   if not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or (
       alpha < 0):
     raise ValueError(f'alpha must be a finite number >= 0; got {alpha!r}.')
+  check_attention(attention)
   model = (model_dir if isinstance(model_dir, model_dir_lib.ModelDir)
            else model_dir_lib.load(model_dir))
   if max_length is not None and not (
@@ -93,7 +105,7 @@ def translate_ids(model_dir, sentences, n_beams=1, alpha=0.6,
         f'{longest_output(model.settings)} (the model\'s max_len '
         f"{model.settings['max_len']}, less one for EOS); got "
         f'{max_length!r}.')
-  model_fn = model_dir_lib.transformer_fn(model.settings, cross_attention)
+  model_fn = model_dir_lib.transformer_fn(model.settings, attention)
   todo = [i for i, s in enumerate(sentences) if s.strip()]
   sources = decoding.encode_sources(model.vocab,
                                     [sentences[i] for i in todo])
@@ -104,24 +116,10 @@ def translate_ids(model_dir, sentences, n_beams=1, alpha=0.6,
   max_length = max_length or default_max_length(model.settings,
                                                 source_length)
   check_checkpoint(model, model_fn)
-  # Batches as trax-qkv-validate makes them, so decodes are the same.
-  batch = decoding.sentences_per_batch(batch_size, n_beams, len(sources))
-  prepared = decoding.predict_model(model_fn, model.checkpoint,
-                                    batch * n_beams, source_length,
-                                    max_length)
-  progress = (Progress(-(-len(sources) // batch), 'translating', log)
-              if log else None)
-  try:
-    if n_beams == 1:
-      ids = decoding.greedy_decode(prepared, sources, batch, source_length,
-                                   max_length, progress=progress)
-    else:
-      ids = decoding.beam_decode(prepared, sources, batch, source_length,
-                                 n_beams, max_length, alpha=alpha,
-                                 progress=progress)
-  finally:
-    if progress is not None:
-      progress.close()
+  ids = decoding.decode(model_fn, model.checkpoint, sources, n_beams=n_beams,
+                        alpha=alpha, batch_size=batch_size,
+                        max_length=max_length, source_length=source_length,
+                        description='translating', log=log)
   out = [None] * len(sentences)
   for i, hypothesis in zip(todo, ids):
     out[i] = hypothesis

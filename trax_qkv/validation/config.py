@@ -13,6 +13,7 @@ from trax.supervised import lr_schedules
 
 from trax_qkv import data as data_lib
 from trax_qkv import files
+from trax_qkv import kernels
 from trax_qkv.models import registry
 from trax_qkv.supervised import scoring
 
@@ -68,15 +69,15 @@ class ValidationConfig:
   seed: int = _field(0, 'random seed (weights, dropout, data order)')
   implementations: tuple = _field(
       ('trax', 'reference'),
-      "attention implementations to train, one model each, each a "
-      "registered name: 'trax' (built-in), 'reference', 'fused', 'chunked', "
-      "'cudnn', 'auto'", nargs='+', metavar='NAME')
+      "attention implementations to train, one model each: 'trax' (Trax's "
+      f"layers), a kernel or 'auto' ({', '.join(kernels.names())})",
+      nargs='+', metavar='NAME')
   sites: tuple = _field(
       ('cross_attention',),
       'attention sites where each implementation runs; the others run '
-      "Trax's own layers: self_attention (encoder), causal_attention "
-      '(decoder), cross_attention (encoder-decoder)', nargs='+',
-      metavar='SITE')
+      "Trax's own layers: " + ', '.join(
+          f'{site.name} ({site.role})' for site in registry.SITES.values()),
+      nargs='+', metavar='SITE')
   max_test_sentences: int = _field(
       None, 'decode only the first N test sentences', type=int)
   decode_batch_size: int = _field(100, 'sentences per decoding batch')
@@ -133,7 +134,7 @@ class ValidationConfig:
       raise ValueError(f'sites must be different; got {self.sites!r}.')
     if not self.implementations:
       raise ValueError('implementations must name at least one of '
-                       f'{registry.cross_attention_implementations()}.')
+                       f'{registry.attention_implementations(self.sites[0])}.')
     for name in self.implementations:
       for site in self.sites:
         registry.resolve_attention(site, name)

@@ -1,12 +1,15 @@
-"""The main job: Transformers with different cross-attention, side by side.
+"""The main job: Transformers with different attention, side by side.
 
-Each is trained from the same seed on the same list of batches with
+One model per implementation ('trax', 'reference', 'auto', ...), each
+running it in the chosen sites (`config.sites`) and Trax's layers elsewhere,
+each trained from the same seed on the same list of batches with
 `trax.supervised.training.Loop` (resumable, exactly); then each decodes the
 test split in predict mode and is scored with sacreBLEU (and exact match).
 The report shows whether they agree: with 'reference' the per-step training
 losses are those of the built-in ('trax'), bit for bit.
 """
 
+import collections
 import dataclasses
 import itertools
 import os
@@ -20,16 +23,13 @@ from trax.supervised import training
 
 from trax_qkv import data as data_lib
 from trax_qkv import files
-from trax_qkv import patches
-from trax_qkv.models import registry
 from trax_qkv.supervised import attention_maps
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
 from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
 from trax_qkv.supervised import scoring
-from trax_qkv.supervised.progress import Progress
-from trax_qkv.supervised.training import check_output_dir
+from trax_qkv.supervised import training as training_lib
 from trax_qkv.validation import config as config_lib
 from trax_qkv.validation import report
 
@@ -74,15 +74,14 @@ class RecordingLoop(checkpointing.ResumableLoop):
 
 
 def model_settings(config, vocab_size, implementation):
-  """What `model_dir.transformer_fn` builds the model of a run from:
-  `implementation` in `config.sites`, Trax's layers elsewhere."""
-  sites = {site: implementation if site in config.sites else
-           registry.BUILTIN for site in registry.SITES}
-  return dict(vocab_size=vocab_size, **sites,
-              d_model=config.d_model, d_ff=config.d_ff,
-              n_encoder_layers=config.n_layers,
-              n_decoder_layers=config.n_layers, n_heads=config.n_heads,
-              max_len=max(2 * config.max_length, 64), dropout=config.dropout)
+  """model.json's settings of the model that runs `implementation` in
+  `config.sites` and Trax's layers elsewhere."""
+  return model_dir.model_settings(
+      vocab_size, {site: implementation for site in config.sites},
+      d_model=config.d_model, d_ff=config.d_ff,
+      n_encoder_layers=config.n_layers, n_decoder_layers=config.n_layers,
+      n_heads=config.n_heads, max_len=max(2 * config.max_length, 64),
+      dropout=config.dropout)
 
 
 def train_one(config, model_fn, train_batches, eval_batches, output_dir,
@@ -132,33 +131,72 @@ def train_one(config, model_fn, train_batches, eval_batches, output_dir,
   return loop, loop.train_seconds
 
 
-def beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
-                       references, source_length, decode_length, log=print):
+# What every model of a run trains on and is tested with.
+Corpus = collections.namedtuple(
+    'Corpus', 'data vocab train_batches eval_batches sources references '
+    'source_ids source_length decode_length')
+
+
+def prepare_corpus(config, data, log=print):
+  """The batches and test sentences shared by every model of the run."""
+  vocab = data.vocab()
+  log(f'vocabulary: {vocab.vocab_size} subwords ({config.vocab_size} '
+      'requested)')
+  if vocab.vocab_size > 1.1 * config.vocab_size:
+    log(f'note: the subword builder cannot make a vocabulary smaller than '
+        f'the characters of the training text need; --vocab_size '
+        f'{config.vocab_size} became {vocab.vocab_size} subwords.')
+  inputs = data_lib.TranslationInputs(data, max_length=config.max_length,
+                                      batch_size=config.batch_size,
+                                      seed=config.seed)
+  training_lib.reset_data_counters()
+  train_batches = list(itertools.islice(inputs.train_stream(1), config.steps))
+  eval_batches = list(itertools.islice(inputs.eval_stream(1), 4))
+  test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
+  if config.max_test_sentences:
+    test = test[:config.max_test_sentences]
+  references = [t for _, t in test]
+  source_ids = decoding.encode_sources(vocab, [s for s, _ in test])
+  return Corpus(
+      data, vocab, train_batches, eval_batches, [s for s, _ in test],
+      references, source_ids, max(len(s) for s in source_ids),
+      max(len(vocab.encode(t)) for t in references) + 8)
+
+
+def decode_test(config, model_fn, checkpoint, corpus, n_sentences, n_beams,
+                log=print):
+  """(hypotheses, seconds) of the first `n_sentences` test sentences."""
+  batch = decoding.sentences_per_batch(config.decode_batch_size, n_beams,
+                                       n_sentences)
+  how = 'greedy' if n_beams == 1 else f'beam search, {n_beams} beams'
+  log(f'decoding {n_sentences} test sentences ({how}, {batch} at a time)'
+      ' ...')
+  start = time.time()
+  ids = decoding.decode(
+      model_fn, checkpoint, corpus.source_ids[:n_sentences], n_beams=n_beams,
+      batch_size=config.decode_batch_size, max_length=corpus.decode_length,
+      source_length=corpus.source_length,
+      description='greedy decoding' if n_beams == 1 else 'beam search',
+      log=log)
+  return [corpus.vocab.decode(h) for h in ids], time.time() - start
+
+
+def beam_search_scores(config, model_fn, checkpoint, corpus, log=print):
   """Beam search on the first `config.beam_sentences` test sentences.
 
   None means every test sentence. Returns {} when there are none, else
   the beams' sacreBLEU / exact-match scores, 'sentences', 'seconds' and
   the 'hypotheses' themselves.
   """
-  n = len(source_ids) if config.beam_sentences is None else min(
-      config.beam_sentences, len(source_ids))
+  n = len(corpus.source_ids) if config.beam_sentences is None else min(
+      config.beam_sentences, len(corpus.source_ids))
   if n == 0:
     return {}
-  batch = decoding.sentences_per_batch(config.decode_batch_size,
-                                      config.n_beams, n)
-  log(f'beam search ({config.n_beams} beams) on {n} sentences, {batch} at '
-      'a time ...')
-  start = time.time()
-  with Progress(-(-n // batch), 'beam search', log) as progress:
-    ids = decoding.beam_decode(
-        decoding.predict_model(model_fn, checkpoint, batch * config.n_beams,
-                               source_length, decode_length),
-        source_ids[:n], batch, source_length, config.n_beams, decode_length,
-        progress=progress)
-  hypotheses = [vocab.decode(h) for h in ids]
-  return dict(scoring.scores(hypotheses, references[:n],
+  hypotheses, seconds = decode_test(config, model_fn, checkpoint, corpus, n,
+                                    config.n_beams, log)
+  return dict(scoring.scores(hypotheses, corpus.references[:n],
                              config.bleu_tokenize), sentences=n,
-              seconds=time.time() - start, hypotheses=hypotheses)
+              seconds=seconds, hypotheses=hypotheses)
 
 
 def _eval_metric(loop, name):
@@ -179,7 +217,7 @@ def run_validation(config, output_dir, log=print):
   'reference', ...).
   """
   config.check()
-  output_dir = check_output_dir(output_dir)
+  output_dir = training_lib.check_output_dir(output_dir)
   # Refused before data is prepared or the directory is touched; checked
   # again once it is held, where no other run can change it.
   config_lib.check_same_run(config, output_dir)
@@ -191,97 +229,85 @@ def run_validation(config, output_dir, log=print):
     config_lib.check_same_run(config, output_dir)
     for name in config.implementations:
       checkpointing.check_checkpoint_files(os.path.join(output_dir, name))
-    return _run(config, output_dir, data, log)
+    config_lib.write_run_config(config, output_dir)
+    corpus = prepare_corpus(config, data, log)
+    # Attention maps of the bit-identical layers, else of the first model.
+    mapped = ('reference' if 'reference' in config.implementations
+              else config.implementations[0])
+    results, histories, decodes = {}, {}, {}
+    for name in config.implementations:
+      results[name], histories[name], decodes[name] = run_one(
+          config, name, corpus, output_dir, name == mapped, log)
+    return write_summary(config, corpus, results, histories, decodes,
+                         output_dir)
 
 
-def _run(config, output_dir, data, log):
-  """run_validation once the data is prepared and output_dir is held."""
-  config_lib.write_run_config(config, output_dir)
-  vocab = data.vocab()
-  log(f'vocabulary: {vocab.vocab_size} subwords ({config.vocab_size} '
-      'requested)')
-  if vocab.vocab_size > 1.1 * config.vocab_size:
-    log(f'note: the subword builder cannot make a vocabulary smaller than '
-        f'the characters of the training text need; --vocab_size '
-        f'{config.vocab_size} became {vocab.vocab_size} subwords.')
-  inputs = data_lib.TranslationInputs(data, max_length=config.max_length,
-                                      batch_size=config.batch_size,
-                                      seed=config.seed)
-  patches.reset_data_counters()
-  train_batches = list(itertools.islice(inputs.train_stream(1), config.steps))
-  eval_batches = list(itertools.islice(inputs.eval_stream(1), 4))
-  test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
-  if config.max_test_sentences:
-    test = test[:config.max_test_sentences]
-  sources = [s for s, _ in test]
-  references = [t for _, t in test]
-  source_ids = decoding.encode_sources(vocab, sources)
-  source_length = max(len(s) for s in source_ids)
-  decode_length = max(len(vocab.encode(t)) for t in references) + 8
-  # Attention maps of the bit-identical plugin, else of the first model.
-  mapped = ('reference' if 'reference' in config.implementations
-            else config.implementations[0])
+def run_one(config, name, corpus, output_dir, draw_maps, log=print):
+  """Trains, decodes and scores the model of implementation `name`; writes
+  its decodes (and attention maps if `draw_maps`). Returns (its results,
+  its per-step training losses, its greedy hypotheses)."""
+  settings = model_settings(config, corpus.vocab.vocab_size, name)
+  log(f'== {name}: ' + ', '.join(
+      f'{site} {implementation!r}'
+      for site, implementation in settings[model_dir.ATTENTION].items()))
+  model_fn = model_dir.transformer_fn(settings)
+  run_dir = os.path.join(output_dir, name)
+  model_dir.save(run_dir, settings, os.path.join(corpus.data.vocab_dir,
+                                                 corpus.data.vocab_file))
+  loop, seconds = train_one(config, model_fn, corpus.train_batches,
+                            corpus.eval_batches, run_dir, log)
+  checkpoint = os.path.join(run_dir, model_dir.CHECKPOINT)
+  hypotheses, decode_seconds = decode_test(
+      config, model_fn, checkpoint, corpus, len(corpus.source_ids), 1, log)
+  beam = beam_search_scores(config, model_fn, checkpoint, corpus, log)
+  results = dict(
+      scoring.scores(hypotheses, corpus.references, config.bleu_tokenize),
+      **{f'beam_{k}': v for k, v in beam.items() if k != 'hypotheses'},
+      final_loss=loop.step_losses[-1],
+      eval_loss=_eval_metric(loop, 'WeightedCategoryCrossEntropy'),
+      eval_accuracy=_eval_metric(loop, 'WeightedCategoryAccuracy'),
+      train_seconds=seconds, decode_seconds=decode_seconds,
+      attention=settings[model_dir.ATTENTION])
+  log(f'{name}: ' + ', '.join(f'{k} {v:.4g}' for k, v in results.items()
+                               if isinstance(v, float)))
+  _write_lines(os.path.join(output_dir, f'decodes_{name}.txt'), hypotheses)
+  _write_lines(os.path.join(output_dir, f'decodes_beam_{name}.txt'),
+               beam.get('hypotheses', []))
+  if draw_maps:
+    draw_attention_maps(config, name, model_fn, checkpoint, corpus,
+                        hypotheses, output_dir)
+  return results, loop.step_losses, hypotheses
 
-  results, histories, decodes = {}, {}, {}
-  for name in config.implementations:
-    settings = model_settings(config, vocab.vocab_size, name)
-    log(f'== {name}: ' + ', '.join(f'{site} {settings[site]!r}'
-                                   for site in registry.SITES))
-    model_fn = model_dir.transformer_fn(settings)
-    run_dir = os.path.join(output_dir, name)
-    model_dir.save(run_dir, settings,
-                   os.path.join(data.vocab_dir, data.vocab_file))
-    loop, seconds = train_one(config, model_fn, train_batches, eval_batches,
-                              run_dir, log)
-    histories[name] = loop.step_losses
-    checkpoint = os.path.join(run_dir, 'model.pkl.gz')
-    batch = decoding.sentences_per_batch(config.decode_batch_size, 1,
-                                         len(source_ids))
-    log(f'decoding {len(source_ids)} test sentences (greedy, batches of '
-        f'{batch}) ...')
-    start = time.time()
-    with Progress(-(-len(source_ids) // batch), 'greedy decoding',
-                  log) as progress:
-      ids = decoding.greedy_decode(
-          decoding.predict_model(model_fn, checkpoint, batch, source_length,
-                                 decode_length),
-          source_ids, batch, source_length, decode_length, progress=progress)
-    decode_seconds = time.time() - start
-    hypotheses = [vocab.decode(h) for h in ids]
-    decodes[name] = hypotheses
-    beam = beam_search_scores(config, model_fn, checkpoint, vocab, source_ids,
-                              references, source_length, decode_length, log)
-    results[name] = dict(
-        scoring.scores(hypotheses, references, config.bleu_tokenize),
-        **{f'beam_{k}': v for k, v in beam.items() if k != 'hypotheses'},
-        final_loss=loop.step_losses[-1],
-        eval_loss=_eval_metric(loop, 'WeightedCategoryCrossEntropy'),
-        eval_accuracy=_eval_metric(loop, 'WeightedCategoryAccuracy'),
-        train_seconds=seconds, decode_seconds=decode_seconds,
-        attention={site: settings[site] for site in registry.SITES})
-    log(f'{name}: ' + ', '.join(
-        f'{k} {v:.4g}' for k, v in results[name].items()
-        if isinstance(v, float)))
-    _write_lines(os.path.join(output_dir, f'decodes_{name}.txt'), hypotheses)
-    _write_lines(os.path.join(output_dir, f'decodes_beam_{name}.txt'),
-                 beam.get('hypotheses', []))
-    n = min(config.heatmap_sentences, len(source_ids))
-    if name == mapped and n:
-      targets = [vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
-      layers = attention_maps.cross_attention_weights(model_fn, checkpoint, source_ids[:n],
-                                       targets, config.n_layers)
-      for i in range(n):
-        report.plot_heatmaps(
-            [w[i] for w in layers], attention_maps.token_pieces(vocab, source_ids[i]),
-            attention_maps.token_pieces(vocab, targets[i]),
-            os.path.join(output_dir, f'cross_attention_{i}.png'),
-            f'{name}: "{sources[i]}" -> "{hypotheses[i]}"')
 
+def draw_attention_maps(config, name, model_fn, checkpoint, corpus,
+                        hypotheses, output_dir):
+  """cross_attention_{i}.png of the first `config.heatmap_sentences` test
+  sentences, teacher-forcing the model's own greedy translations."""
+  n = min(config.heatmap_sentences, len(corpus.source_ids))
+  if not n:
+    return
+  vocab = corpus.vocab
+  targets = [vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
+  layers = attention_maps.cross_attention_weights(
+      model_fn, checkpoint, corpus.source_ids[:n], targets, config.n_layers)
+  for i in range(n):
+    report.plot_heatmaps(
+        [w[i] for w in layers],
+        attention_maps.token_pieces(vocab, corpus.source_ids[i]),
+        attention_maps.token_pieces(vocab, targets[i]),
+        os.path.join(output_dir, f'cross_attention_{i}.png'),
+        f'{name}: "{corpus.sources[i]}" -> "{hypotheses[i]}"')
+
+
+def write_summary(config, corpus, results, histories, decodes, output_dir):
+  """Writes summary.json, report.md and loss_curves.png; returns the
+  summary. The first two models are compared: largest per-step loss
+  difference and share of identical greedy decodes."""
   names = list(histories)
   summary = dict(
-      dataset=data.name, keys=list(data.keys), vocab_size=vocab.vocab_size,
-      steps=config.steps,
-      seed=config.seed, test_sentences=len(references),
+      dataset=corpus.data.name, keys=list(corpus.data.keys),
+      vocab_size=corpus.vocab.vocab_size, steps=config.steps,
+      seed=config.seed, test_sentences=len(corpus.references),
       config=dataclasses.asdict(config), **results)
   if len(names) >= 2:
     a, b = names[:2]

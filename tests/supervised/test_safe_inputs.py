@@ -112,7 +112,7 @@ def _validate_argv(run, out, steps=6):
 
 
 def _train_argv(run, out, steps=4, eval_frequency=2):
-  return (['--config_file', os.path.join(CONFIGS, 'plugin.gin'),
+  return (['--config_file', os.path.join(CONFIGS, 'reference.gin'),
            '--output_dir', str(out)]
           + sum((['--config', b] for b in tiny_train_bindings(
               str(run / 'tfds'), steps, eval_frequency, d_model=16)), []))
@@ -277,8 +277,15 @@ def _damage(model, name, content):
         dict(json.loads(b), n_heads='2')).encode(),
      "model.json: n_heads must be a positive int; got '2'"),
     ('model.json', lambda b: json.dumps(
-        dict(json.loads(b), cross_attention='nope')).encode(),
+        dict(json.loads(b), attention={'cross_attention': 'nope'})).encode(),
      "got 'nope'"),
+    ('model.json', lambda b: json.dumps(
+        dict(json.loads(b), attention={'decoder': 'reference'})).encode(),
+     "model.json: site must be one of ('self_attention'"),
+    ('model.json', lambda b: json.dumps(
+        dict(json.loads(b), attention='reference')).encode(),
+     'model.json: attention must map sites to the attention the model was '
+     "trained with; got 'reference'"),
     ('vocab.subwords', bytes(range(256)) * 4,
      'vocab.subwords is not a subword vocabulary'),
     ('vocab.subwords', b'', 'vocab.subwords is not a subword vocabulary'),
@@ -411,7 +418,7 @@ def test_train_refuses_bad_bindings_before_writing(tmp_path, capsys, argv,
                                                    match):
   out = tmp_path / 'out'
   _refused(capsys, (command('train').main, ['--config_file', os.path.join(
-      CONFIGS, 'plugin.gin'), '--output_dir', str(out)] + argv), tmp_path,
+      CONFIGS, 'reference.gin'), '--output_dir', str(out)] + argv), tmp_path,
            match)
   assert not out.exists()
 
@@ -463,8 +470,8 @@ def test_a_failed_write_leaves_the_old_file(tmp_path):
 
 # ------------------------------------------ a model directory of release 0.2.0
 
-RELEASE_0_2_0 = os.path.join(os.path.dirname(__file__), 'data',
-                             'release_0.2.0')
+RELEASE_0_2_0 = os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                             'fixtures', 'release_0.2.0')
 
 
 def test_a_model_directory_of_release_0_2_0_loads_bit_for_bit(tmp_path):

@@ -1,7 +1,7 @@
 """Kill -9 and restart: runs resume exactly; checkpoints are never half-written.
 
-The killed runs are real subprocesses of scripts/train.py and
-scripts/validate.py, SIGKILLed once a mid-run checkpoint exists; the restart
+The killed runs are real subprocesses of `python3 -m _trax_qkv_cli train`
+and `... validate`, SIGKILLed once a mid-run checkpoint exists; the restart
 is the same command (in this process, to save an import of TensorFlow).
 """
 
@@ -43,7 +43,7 @@ def _kill_at_checkpoint(argv, output_dir, min_step, log_path):
     deadline = time.time() + 600
     while time.time() < deadline:
       if process.poll() is not None:
-        pytest.fail(f'{argv[0]} ended (rc {process.returncode}) before it '
+        pytest.fail(f'{argv[2]} ended (rc {process.returncode}) before it '
                     f'could be killed; log in {log_path}')
       try:
         step = checkpointing.checkpoint_step(output_dir)
@@ -89,23 +89,23 @@ def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   bindings = tiny_train_bindings(tfds_dir, steps=400, eval_frequency=50)
 
   def argv(output_dir):
-    return (['scripts/train.py', '--config_file',
-             os.path.join(CONFIGS, 'plugin.gin'), '--output_dir',
+    return (['-m', '_trax_qkv_cli', 'train', '--config_file',
+             os.path.join(CONFIGS, 'reference.gin'), '--output_dir',
              str(output_dir)] + sum((['--config', b] for b in bindings), []))
 
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
-  train_script.main(argv(uninterrupted)[1:])  # also prepares the data
+  train_script.main(argv(uninterrupted)[3:])  # also prepares the data
   killed_at = _kill_at_checkpoint(argv(resumed), str(resumed), 100,
                                   tmp_path / 'killed.log')
   assert 100 <= killed_at < 400
-  train_script.main(argv(resumed)[1:])
+  train_script.main(argv(resumed)[3:])
   _assert_same_run(str(uninterrupted), str(resumed))
 
 
 @pytest.mark.slow
 def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   def argv(output_dir):
-    return ['scripts/validate.py', '--dataset', 'trax_qkv_numbers/tiny',
+    return ['-m', '_trax_qkv_cli', 'validate', '--dataset', 'trax_qkv_numbers/tiny',
             '--data_dir', str(tmp_path / 'tfds'), '--vocab_size', '200',
             '--d_model', '32', '--d_ff', '64', '--n_layers', '1',
             '--n_heads', '2', '--steps', '400', '--eval_every', '50',
@@ -114,11 +114,11 @@ def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
             '--output_dir', str(output_dir)]
 
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
-  validate_script.main(argv(uninterrupted)[1:])
+  validate_script.main(argv(uninterrupted)[3:])
   killed_at = _kill_at_checkpoint(argv(resumed), str(resumed / 'reference'),
                                   100, tmp_path / 'killed.log')
   assert 100 <= killed_at < 400
-  validate_script.main(argv(resumed)[1:])
+  validate_script.main(argv(resumed)[3:])
   _assert_same_run(str(uninterrupted / 'reference'), str(resumed / 'reference'))
   step_losses = _checkpoint(str(resumed / 'reference'))[0]['history'][
       '_values']['train']['metrics/step_loss']
@@ -261,8 +261,8 @@ _TWO_DEVICE_RUNS = '''
 import sys
 from trax_qkv.supervised import training
 configs, out, bindings = sys.argv[1], sys.argv[2], sys.argv[3:]
-for config, dropout in (('plugin.gin', 0.0), ('plugin.gin', 0.1),
-                        ('builtin.gin', 0.1)):
+for config, dropout in (('reference.gin', 0.0), ('reference.gin', 0.1),
+                        ('trax.gin', 0.1)):
   loop = training.train_from_configs(
       [configs + '/' + config],
       bindings + ['Transformer.dropout = %s' % dropout],
@@ -276,7 +276,7 @@ def test_two_device_data_parallel_matches_one_device_and_builtin(tmp_path):
   bindings = tiny_train_bindings(str(tmp_path / 'tfds'), steps=30,
                                  eval_frequency=30)
   one_device = tmp_path / 'one_device'
-  training.train_from_configs([os.path.join(CONFIGS, 'plugin.gin')],
+  training.train_from_configs([os.path.join(CONFIGS, 'reference.gin')],
                               bindings + ['Transformer.dropout = 0.0'],
                               str(one_device))
   env = dict(os.environ,

@@ -17,11 +17,11 @@ train_script = command('train')
 
 
 @pytest.mark.parametrize('config,implementation', [
-    ('builtin.gin', 'trax'), ('plugin.gin', 'reference'),
+    ('trax.gin', 'trax'), ('reference.gin', 'reference'),
     ('multi30k.gin', 'reference'), ('transformer_base.gin', None)])
 def test_every_config_parses(config, implementation):
   assert sorted(f for f in os.listdir(CONFIGS) if f.endswith('.gin')) == [
-      'builtin.gin', 'multi30k.gin', 'plugin.gin', 'transformer_base.gin']
+      'trax.gin', 'multi30k.gin', 'reference.gin', 'transformer_base.gin']
   gin.clear_config()
   training.parse_configs([os.path.join(CONFIGS, config)])
   if implementation:
@@ -30,7 +30,7 @@ def test_every_config_parses(config, implementation):
   assert gin.query_parameter('train.steps') > 0
 
 
-@pytest.mark.parametrize('config', ['builtin.gin', 'plugin.gin'])
+@pytest.mark.parametrize('config', ['trax.gin', 'reference.gin'])
 def test_trains_and_resumes(tmp_path, config):
   out = tmp_path / 'run'
   tfds_dir = str(tmp_path / 'tfds')
@@ -52,8 +52,9 @@ def test_trains_and_resumes(tmp_path, config):
   # The run is a model directory: translate and attention maps read it.
   loaded = model_dir.load(out)
   assert loaded.settings['d_model'] == 32 and loaded.settings['max_len'] == 64
-  assert loaded.settings['cross_attention'] == (
-      'trax' if config == 'builtin.gin' else 'reference')
+  assert loaded.settings['attention'] == {
+      'self_attention': 'trax', 'causal_attention': 'trax',
+      'cross_attention': 'trax' if config == 'trax.gin' else 'reference'}
   greedy, = translation.translate(out, ['twenty-one'], max_length=8)
   assert isinstance(greedy, str)
 
@@ -63,7 +64,7 @@ def test_checkpoint_of_another_model_size(tmp_path, capsys):
 
   def argv(d_model):
     bindings = _tiny_bindings(str(tmp_path / 'tfds'), 2, d_model=d_model)
-    return (['--config_file', os.path.join(CONFIGS, 'plugin.gin'),
+    return (['--config_file', os.path.join(CONFIGS, 'reference.gin'),
              '--output_dir', str(out)] + sum((['--config', b]
                                               for b in bindings), []))
   train_script.main(argv(32))
@@ -82,7 +83,7 @@ def test_output_dir_not_writable(tmp_path, capsys):
   locked = tmp_path / 'locked'
   locked.mkdir(mode=0o500)
   err = _cli_error(capsys, ['--config_file',
-                            os.path.join(CONFIGS, 'plugin.gin'),
+                            os.path.join(CONFIGS, 'reference.gin'),
                             '--output_dir', str(locked / 'run')])
   assert 'is not writable' in err
   assert not (locked / 'run').exists()
@@ -113,7 +114,7 @@ def test_gin_syntax_error(tmp_path, capsys):
 
 def test_unknown_binding(tmp_path, capsys):
   err = _cli_error(capsys, ['--config_file',
-                            os.path.join(CONFIGS, 'plugin.gin'),
+                            os.path.join(CONFIGS, 'reference.gin'),
                             '--config', 'NoSuchThing.x = 1',
                             '--output_dir', str(tmp_path / 'out')])
   assert 'NoSuchThing' in err
@@ -124,6 +125,6 @@ def test_output_dir_is_a_file(tmp_path, capsys):
   target = tmp_path / 'file'
   target.write_text('x')
   err = _cli_error(capsys, ['--config_file',
-                            os.path.join(CONFIGS, 'plugin.gin'),
+                            os.path.join(CONFIGS, 'reference.gin'),
                             '--output_dir', str(target)])
   assert 'is a file; expected a directory' in err

@@ -1,4 +1,4 @@
-"""Built-in vs plugin cross-attention inside trax.models.Transformer."""
+"""Built-in vs trax_qkv cross-attention inside trax.models.Transformer."""
 
 import functools
 import os
@@ -33,11 +33,16 @@ def _tokens(batch=3, src_len=7, tgt_len=6, seed=0):
   return src, tgt
 
 
+def _transformer(cross_attention='reference', **kwargs):
+  """trax.models.Transformer(VOCAB, ...) with `cross_attention`."""
+  with trax_qkv.use_attention(cross_attention=cross_attention):
+    return trax.models.Transformer(VOCAB, **kwargs)
+
+
 def _models(mode, dropout=0.0):
   builtin = trax.models.Transformer(VOCAB, mode=mode, dropout=dropout,
                                     **CONFIG)
-  plugin = trax_qkv.CrossAttentionTransformer(VOCAB, mode=mode,
-                                              dropout=dropout, **CONFIG)
+  plugin = _transformer(mode=mode, dropout=dropout, **CONFIG)
   return builtin, plugin
 
 
@@ -90,12 +95,10 @@ def test_logits_and_gradients_identical(mode, dropout):
 
 def _eval_and_predict(cross_attention):
   """Trax's eval-vs-predict check, from one set of eval weights."""
-  model_eval = trax_qkv.CrossAttentionTransformer(
-      VOCAB, mode='eval', dropout=0.0, cross_attention=cross_attention,
-      **CONFIG)
-  model_predict = trax_qkv.CrossAttentionTransformer(
-      VOCAB, mode='predict', dropout=0.0, cross_attention=cross_attention,
-      **CONFIG)
+  model_eval = _transformer(cross_attention, mode='eval', dropout=0.0,
+                            **CONFIG)
+  model_predict = _transformer(cross_attention, mode='predict', dropout=0.0,
+                               **CONFIG)
   src, tgt = _tokens()
   model_eval.init(shapes.signature((src, tgt)), rng=RNG)
   logits_eval, _ = model_eval((src, tgt))
@@ -131,8 +134,7 @@ def test_greedy_decoding_identical():
     model.save_to_file(path)
     decoded = {}
     for name in ('trax', 'reference'):
-      predict = trax_qkv.CrossAttentionTransformer(
-          VOCAB, mode='predict', dropout=0.0, cross_attention=name, **CONFIG)
+      predict = _transformer(name, mode='predict', dropout=0.0, **CONFIG)
       predict.init_from_file(path, weights_only=True,
                              input_signature=shapes.signature(
                                  (src, src[:, :1])))
@@ -151,8 +153,7 @@ def test_beam_search_builtin_and_plugin_agree_and_one_beam_is_greedy():
     model.save_to_file(path)
     decoded = {}
     for name in ('trax', 'reference'):
-      model_fn = functools.partial(trax_qkv.CrossAttentionTransformer, VOCAB,
-                                   dropout=0.0, cross_attention=name,
+      model_fn = functools.partial(_transformer, name, dropout=0.0,
                                    **CONFIG)
 
       def prepared(rows, model_fn=model_fn):
@@ -188,8 +189,7 @@ def test_beam_search_builtin_and_plugin_agree_and_one_beam_is_greedy():
 def test_predict_model_sizes_decoder_caches_only_in_its_scope():
   model, src = _trained_eval_weights()
   sources = [row.tolist() for row in src]
-  model_fn = functools.partial(trax_qkv.CrossAttentionTransformer, VOCAB,
-                               dropout=0.0, **CONFIG)
+  model_fn = functools.partial(_transformer, dropout=0.0, **CONFIG)
 
   def longest_cache(layer):
     return max(x.shape[1] for x in jax.tree_util.tree_leaves(layer.state)
@@ -296,35 +296,20 @@ def test_registry_accepts_user_layers_and_rejects_unknown_names():
     return tl.AttentionQKV(d_feature, **kwargs)
 
   assert {'trax', 'reference', 'fused', 'chunked', 'cudnn', 'auto'} <= set(
-      trax_qkv.cross_attention_implementations())
-  trax_qkv.register_cross_attention('mine', my_attention)
-  assert 'mine' in trax_qkv.cross_attention_implementations()
-  trax_qkv.CrossAttentionTransformer(VOCAB, cross_attention='mine', **CONFIG)
+      trax_qkv.attention_implementations('cross_attention'))
+  trax_qkv.register_attention('cross_attention', 'mine', my_attention)
+  assert 'mine' in trax_qkv.attention_implementations('cross_attention')
+  _transformer('mine', **CONFIG)
   assert len(calls) == CONFIG['n_decoder_layers']
   assert calls[0]['cache_KV_in_predict'] is True
-  with pytest.raises(ValueError, match="cross_attention implementation must be one of .*'reference'.*got 'nope'"):
-    trax_qkv.CrossAttentionTransformer(VOCAB, cross_attention='nope', **CONFIG)
+  with pytest.raises(ValueError, match=(
+      "cross_attention implementation must be one of .*'reference'.*got "
+      "'nope'")):
+    _transformer('nope', **CONFIG)
 
 
-@pytest.mark.parametrize('old,new', [('trax_qkv', 'reference'),
-                                     ('trax_qkv_auto', 'auto')])
-def test_first_release_names_still_work_with_a_deprecation_warning(old, new):
-  with pytest.deprecated_call(match=f"{old!r} is deprecated.*use {new!r}"):
-    old_model = trax_qkv.CrossAttentionTransformer(
-        VOCAB, cross_attention=old, mode='eval', **CONFIG)
-  new_model = trax_qkv.CrossAttentionTransformer(
-      VOCAB, cross_attention=new, mode='eval', **CONFIG)
-  assert ([type(l) for l in _walk(old_model)]
-          == [type(l) for l in _walk(new_model)])
-  with pytest.deprecated_call():
-    with gin.unlock_config():
-      gin.bind_parameter('trax_qkv.EncoderDecoderAttention.implementation',
-                         old)
-    trax.models.Transformer(VOCAB, mode='eval', **CONFIG)
-
-
-def test_use_cross_attention_scopes_every_transformer_built_inside():
-  with trax_qkv.use_cross_attention('fused'):
+def test_use_attention_scopes_every_transformer_built_inside():
+  with trax_qkv.use_attention(cross_attention='fused'):
     inside = trax.models.Transformer(VOCAB, mode='eval', **CONFIG)
   outside = trax.models.Transformer(VOCAB, mode='eval', **CONFIG)
   fused = [l for l in _walk(inside) if isinstance(l, trax_qkv.PureAttention)]
@@ -333,5 +318,5 @@ def test_use_cross_attention_scopes_every_transformer_built_inside():
   assert not any(type(l).__module__.startswith('trax_qkv')
                  for l in _walk(outside))
   with pytest.raises(ValueError, match="got 'nope'"):
-    with trax_qkv.use_cross_attention('nope'):
+    with trax_qkv.use_attention(cross_attention='nope'):
       pass

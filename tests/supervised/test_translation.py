@@ -78,11 +78,17 @@ def test_translate_gives_the_validate_decodes(tiny_run, n_beams, capsys):
        '--batch_size', str(config.decode_batch_size), '--max_length',
        str(max_length)] + sources) == 0
   assert capsys.readouterr().out.splitlines() == expected
-  # Any registered cross-attention decodes the same checkpoint.
+  # Any implementation decodes the same checkpoint: Trax's layers in the
+  # command's --attention flags, another kernel through the function.
+  assert command('translate').main(
+      ['--model_dir', str(out / 'reference'), '--beam', str(n_beams),
+       '--batch_size', str(config.decode_batch_size), '--max_length',
+       str(max_length), '--attention', 'cross_attention=trax'] + sources) == 0
+  assert capsys.readouterr().out.splitlines() == expected
   assert translation.translate(
       str(out / 'reference'), sources, n_beams=n_beams,
-      cross_attention='trax', batch_size=config.decode_batch_size,
-      max_length=max_length) == expected
+      attention={'cross_attention': 'auto', 'causal_attention': 'reference'},
+      batch_size=config.decode_batch_size, max_length=max_length) == expected
 
 
 @pytest.mark.slow
@@ -108,8 +114,15 @@ def test_translate_errors(tiny_run, tmp_path, capsys):
   assert translate(['--model_dir', str(bad), 'one']) == 2
   assert 'does not fit the model: weight #' in capsys.readouterr().err
   assert translate(['--model_dir', str(out / 'reference'),
-                    '--implementation', 'nope', 'one']) == 2
+                    '--attention', 'cross_attention=nope', 'one']) == 2
   assert "got 'nope'" in capsys.readouterr().err
+  assert translate(['--model_dir', str(out / 'reference'),
+                    '--attention', 'decoder=auto', 'one']) == 2
+  assert "site must be one of ('self_attention'" in capsys.readouterr().err
+  with pytest.raises(SystemExit):  # argparse: not SITE=NAME
+    translate(['--model_dir', str(out / 'reference'), '--attention', 'auto',
+               'one'])
+  assert 'must be SITE=NAME' in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -130,4 +130,4 @@ def test_tiny_run_with_reference_in_every_site_is_identical(tmp_path):
   assert ('| attention: encoder self / decoder causal / cross | '
           'trax / trax / trax | reference / reference / reference |') in report
   saved = json.loads((out / 'reference' / 'model.json').read_text())
-  assert saved['causal_attention'] == 'reference'
+  assert saved['attention']['causal_attention'] == 'reference'
