@@ -107,8 +107,9 @@ def test_page_faults_per_call_averages_the_process_counters(monkeypatch):
 
 
 def test_kernel_bench_runs_without_trax_or_tensorflow(tmp_path):
-  """scripts/bench_kernels.py on a Python where importing trax or
-  tensorflow fails: the kernels and their benchmark need JAX alone."""
+  """`python3 -m _trax_qkv_cli bench_kernels` on a Python where importing
+  trax or tensorflow fails: the kernels and their benchmark need JAX
+  alone."""
   blocker = textwrap.dedent(f"""
       import runpy, sys
       class Blocked:
@@ -116,10 +117,12 @@ def test_kernel_bench_runs_without_trax_or_tensorflow(tmp_path):
           if name.split('.')[0] in ('trax', 'tensorflow'):
             raise ImportError('no ' + name + ' on this machine')
       sys.meta_path.insert(0, Blocked())
-      sys.argv = ['scripts/bench_kernels.py', '--rounds', '1', '--shape',
-                  '1', '8', '8', '16', '2', '--output_dir', {str(tmp_path)!r}]
+      sys.argv = ['_trax_qkv_cli', 'bench_kernels', '--rounds', '1',
+                  '--shape', '1', '8', '8', '16', '2', '--output_dir',
+                  {str(tmp_path)!r}]
+      sys.path.insert(0, {ROOT!r})
       try:
-        runpy.run_path('scripts/bench_kernels.py', run_name='__main__')
+        runpy.run_module('_trax_qkv_cli', run_name='__main__')
       finally:
         assert not any(m.split('.')[0] in ('trax', 'tensorflow')
                        for m in sys.modules), 'trax or tensorflow imported'

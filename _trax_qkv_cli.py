@@ -1,8 +1,14 @@
 """Entry points of trax_qkv's console commands (setup.cfg console_scripts).
 
-Each command lives in `trax_qkv.cli.<command>`; this module, outside the
-package, only imports it quietly. Importing `trax_qkv` imports Trax, and
-start-up noise that is not the user's business is kept behind --verbose:
+Each command lives in `trax_qkv.cli.<command>`; this module only imports it
+quietly. It sits outside the package, under a private name, because
+importing anything inside `trax_qkv` first runs `trax_qkv/__init__`, which
+imports Trax -- it must: a gin config that says `import trax_qkv` relies on
+that import to register our configurables and sites -- and the start-up
+noise of that import is what this module keeps behind --verbose. From a
+checkout without installing, `python3 -m _trax_qkv_cli COMMAND [FLAGS]`
+runs the same commands (COMMAND: train, validate, translate,
+attention_map, bench, bench_kernels).
 
 Importing Trax prints TensorFlow's and XLA's C++ start-up lines (absl,
 oneDNN, CUDA stubs) and Gym's "unmaintained" notice, and gin logs
@@ -74,3 +80,11 @@ translate = functools.partial(run, 'translate')
 attention_map = functools.partial(run, 'attention_map')
 bench = functools.partial(run, 'bench')
 bench_kernels = functools.partial(run, 'bench_kernels')
+
+
+if __name__ == '__main__':
+  if len(sys.argv) < 2 or sys.argv[1].startswith('-'):
+    sys.exit('usage: python3 -m _trax_qkv_cli COMMAND [FLAGS]; COMMAND is '
+             'one of train, validate, translate, attention_map, bench, '
+             'bench_kernels.')
+  sys.exit(run(sys.argv[1], sys.argv[2:]))
