@@ -28,13 +28,12 @@ import warnings
 
 # Warnings of libraries about themselves, not about the user's run.
 _NOISE_WARNINGS = (
-    'jax.process_count has been renamed',  # trax calls the old name
-    'GzipFile was opened for writing',  # trax's checkpoint writer
+  'jax.process_count has been renamed',  # trax calls the old name
+  'GzipFile was opened for writing',  # trax's checkpoint writer
 )
 
 
 class _DropGinPathLookups(logging.Filter):
-
   def filter(self, record):
     return not str(record.msg).startswith('Path not found')
 
@@ -84,7 +83,9 @@ bench_kernels = functools.partial(run, 'bench_kernels')
 
 if __name__ == '__main__':
   if len(sys.argv) < 2 or sys.argv[1].startswith('-'):
-    sys.exit('usage: python3 -m _trax_qkv_cli COMMAND [FLAGS]; COMMAND is '
-             'one of train, validate, translate, attention_map, bench, '
-             'bench_kernels.')
+    sys.exit(
+      'usage: python3 -m _trax_qkv_cli COMMAND [FLAGS]; COMMAND is '
+      'one of train, validate, translate, attention_map, bench, '
+      'bench_kernels.'
+    )
   sys.exit(run(sys.argv[1], sys.argv[2:]))

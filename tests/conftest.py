@@ -11,7 +11,8 @@ def _fresh_gin_config():
   """Every test starts and ends with no gin bindings: tests share processes,
   and a binding left by one (e.g. a config's bucket boundaries) would
   silently change what the next one trains."""
-  import gin  # pylint: disable=g-import-not-at-top
+  import gin
+
   gin.clear_config()
   yield
   gin.clear_config()

@@ -1,11 +1,11 @@
-"""Shared test helpers: random attention inputs, tree comparisons, data paths."""
+"""Shared test helpers: attention inputs, tree comparisons, data paths."""
 
 import importlib
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-import jax  # pylint: disable=g-import-not-at-top
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,8 +15,17 @@ SHARED_DATA = os.path.join(ROOT, '..', 'shared', 'data')
 CONFIGS = os.path.join(ROOT, 'configs')
 
 
-def qkv_inputs(batch=2, lq=5, lk=7, d=16, d_k=None, d_v=None, seed=0,
-               pad_from=None, mask_shape='padding'):
+def qkv_inputs(
+  batch=2,
+  lq=5,
+  lk=7,
+  d=16,
+  d_k=None,
+  d_v=None,
+  seed=0,
+  pad_from=None,
+  mask_shape='padding',
+):
   """Random (Q, K, V, mask); row 1 masks keys from `pad_from` on."""
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
   q = jax.random.normal(keys[0], (batch, lq, d))
@@ -27,7 +36,7 @@ def qkv_inputs(batch=2, lq=5, lk=7, d=16, d_k=None, d_v=None, seed=0,
   if pad_from is not None:
     mask[-1, ..., pad_from:] = False
   if mask_shape == 'partial_rows':  # some query rows see fewer keys
-    mask[0, 0, 1, lk // 2:] = False
+    mask[0, 0, 1, lk // 2 :] = False
   return q, k, v, jnp.asarray(mask)
 
 
@@ -41,14 +50,17 @@ def assert_trees_equal(a, b):
   for x, y in zip(leaves(a), leaves(b)):
     assert np.asarray(x).dtype == np.asarray(y).dtype
     assert np.array_equal(np.asarray(x), np.asarray(y)), (
-        f'max |diff| = {np.abs(np.asarray(x) - np.asarray(y)).max()}')
+      f'max |diff| = {np.abs(np.asarray(x) - np.asarray(y)).max()}'
+    )
 
 
 def require_shared_data(name):
   path = os.path.join(SHARED_DATA, name)
   if not os.path.isdir(path):
-    pytest.skip(f'{path} is absent: the shared {name} data set is only '
-                'available beside the project checkout (../shared/data).')
+    pytest.skip(
+      f'{path} is absent: the shared {name} data set is only '
+      'available beside the project checkout (../shared/data).'
+    )
   return path
 
 
@@ -61,11 +73,14 @@ def command(name):
 def tiny_train_bindings(tfds_dir, steps, eval_frequency=5, d_model=32):
   """gin bindings for a seconds-long scripts/train.py run on tiny numbers."""
   return [
-      "trax_qkv.data.translation_data.dataset = 'trax_qkv_numbers/tiny'",
-      f"trax_qkv.data.translation_data.data_dir = '{tfds_dir}'",
-      'trax_qkv.data.translation_data.vocab_size = 200',
-      f'Transformer.d_model = {d_model}', f'Transformer.d_ff = {2 * d_model}',
-      'Transformer.n_encoder_layers = 1', 'Transformer.n_decoder_layers = 1',
-      f'train.steps = {steps}', f'train.eval_frequency = {eval_frequency}',
-      'train.eval_steps = 1',
+    "trax_qkv.data.translation_data.dataset = 'trax_qkv_numbers/tiny'",
+    f"trax_qkv.data.translation_data.data_dir = '{tfds_dir}'",
+    'trax_qkv.data.translation_data.vocab_size = 200',
+    f'Transformer.d_model = {d_model}',
+    f'Transformer.d_ff = {2 * d_model}',
+    'Transformer.n_encoder_layers = 1',
+    'Transformer.n_decoder_layers = 1',
+    f'train.steps = {steps}',
+    f'train.eval_frequency = {eval_frequency}',
+    'train.eval_steps = 1',
   ]

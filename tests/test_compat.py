@@ -14,8 +14,15 @@ from trax_qkv import kernels
 from trax_qkv.models import registry
 
 VOCAB = 40
-CONFIG = dict(d_model=32, d_ff=64, n_encoder_layers=1, n_decoder_layers=1,
-              n_heads=4, max_len=32, mode='eval')
+CONFIG = dict(
+  d_model=32,
+  d_ff=64,
+  n_encoder_layers=1,
+  n_decoder_layers=1,
+  n_heads=4,
+  max_len=32,
+  mode='eval',
+)
 
 
 def _layer_types(model):
@@ -29,15 +36,19 @@ def _deprecated(match):
   """Expects a QkvDeprecationWarning matching `match` that names the
   removal version."""
   removed = re.escape(f'removed in trax_qkv {compat.REMOVED_IN}')
-  return pytest.warns(compat.QkvDeprecationWarning,
-                      match=f'(?=.*{removed}).*{match}')
+  return pytest.warns(
+    compat.QkvDeprecationWarning, match=f'(?=.*{removed}).*{match}'
+  )
 
 
 def test_the_deprecated_names_are_a_fixed_list():
   assert compat.DEPRECATED_NAMES == {
-      'trax_qkv': 'reference', 'trax_qkv_fused': 'fused',
-      'trax_qkv_chunked': 'chunked', 'trax_qkv_cudnn': 'cudnn',
-      'trax_qkv_auto': 'auto'}
+    'trax_qkv': 'reference',
+    'trax_qkv_fused': 'fused',
+    'trax_qkv_chunked': 'chunked',
+    'trax_qkv_cudnn': 'cudnn',
+    'trax_qkv_auto': 'auto',
+  }
   assert set(compat.DEPRECATED_NAMES.values()) <= set(kernels.names())
 
 
@@ -47,10 +58,10 @@ def test_first_release_names_build_todays_layers(old, new):
     factory = registry.resolve_attention('cross_attention', old)
   assert factory.keywords == {'implementation': new}
   if kernels.KERNELS.get(new) and kernels.KERNELS[new].unsupported_reason(
-      None, 0.0):
+    None, 0.0
+  ):
     return  # 'cudnn' without a GPU: the layer itself refuses to be built
-  with _deprecated(f"the attention name {old!r} is deprecated.*use "
-                   f"{new!r}"):
+  with _deprecated(f'the attention name {old!r} is deprecated.*use {new!r}'):
     with trax_qkv.use_attention(cross_attention=old):
       old_model = trax.models.Transformer(VOCAB, **CONFIG)
   with trax_qkv.use_attention(cross_attention=new):
@@ -60,8 +71,9 @@ def test_first_release_names_build_todays_layers(old, new):
 
 def test_first_release_names_in_gin():
   with gin.unlock_config():
-    gin.bind_parameter('trax_qkv.EncoderDecoderAttention.implementation',
-                       'trax_qkv_auto')
+    gin.bind_parameter(
+      'trax_qkv.EncoderDecoderAttention.implementation', 'trax_qkv_auto'
+    )
   with _deprecated("'trax_qkv_auto' is deprecated"):
     model = trax.models.Transformer(VOCAB, **CONFIG)
   assert trax_qkv.PureAttention in _layer_types(model)
@@ -69,8 +81,9 @@ def test_first_release_names_in_gin():
 
 def test_first_release_api():
   with _deprecated('CrossAttentionTransformer'):
-    old = trax_qkv.CrossAttentionTransformer(VOCAB, cross_attention='fused',
-                                             **CONFIG)
+    old = trax_qkv.CrossAttentionTransformer(
+      VOCAB, cross_attention='fused', **CONFIG
+    )
   with trax_qkv.use_attention(cross_attention='fused'):
     new = trax.models.Transformer(VOCAB, **CONFIG)
   assert _layer_types(old) == _layer_types(new)

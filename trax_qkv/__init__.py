@@ -50,16 +50,21 @@ else:
   from trax_qkv.models.registry import attention_implementations
   from trax_qkv.models.registry import register_attention
   from trax_qkv.models.registry import use_attention
+
   patches.apply()
   _registry.install()
 
 
 def __getattr__(name):
   # Submodules stay importable without Trax (`from trax_qkv import kernels`).
-  if (_TRAX_IMPORT_ERROR is not None and not name.startswith('_')
-      and importlib.util.find_spec(f'{__name__}.{name}') is None):
+  if (
+    _TRAX_IMPORT_ERROR is not None
+    and not name.startswith('_')
+    and importlib.util.find_spec(f'{__name__}.{name}') is None
+  ):
     raise ImportError(
-        f'trax_qkv.{name} needs Trax, and importing it failed: '
-        f'{_TRAX_IMPORT_ERROR}. Install trax_qkv with its dependencies '
-        "(pip install trax_qkv); without Trax only trax_qkv.kernels works.")
+      f'trax_qkv.{name} needs Trax, and importing it failed: '
+      f'{_TRAX_IMPORT_ERROR}. Install trax_qkv with its dependencies '
+      '(pip install trax_qkv); without Trax only trax_qkv.kernels works.'
+    )
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

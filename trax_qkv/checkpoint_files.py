@@ -27,11 +27,27 @@ import numpy as np
 # Loop or Layer.save_to_file refers to (numpy 1 and 2 spellings), and of
 # the builtin containers and values pickle may name. Each is a class or a
 # function that only builds data from data.
-ALLOWED_GLOBALS = frozenset([
-    ('builtins', name) for name in (
-        'bool', 'bytearray', 'bytes', 'complex', 'dict', 'float',
-        'frozenset', 'int', 'list', 'range', 'set', 'slice', 'str', 'tuple')
-] + [
+ALLOWED_GLOBALS = frozenset(
+  [
+    ('builtins', name)
+    for name in (
+      'bool',
+      'bytearray',
+      'bytes',
+      'complex',
+      'dict',
+      'float',
+      'frozenset',
+      'int',
+      'list',
+      'range',
+      'set',
+      'slice',
+      'str',
+      'tuple',
+    )
+  ]
+  + [
     ('_codecs', 'encode'),  # bytes in protocol-2 pickles
     ('collections', 'OrderedDict'),
     ('collections', 'defaultdict'),  # Trax's History
@@ -50,7 +66,8 @@ ALLOWED_GLOBALS = frozenset([
     ('trax.rl.task', 'Trajectory'),
     ('trax.rl.task', 'TimeStepBatch'),
     ('trax.rl.task', 'EnvInfo'),
-])
+  ]
+)
 
 
 class CheckpointFileError(ValueError):
@@ -83,9 +100,10 @@ class _CheckpointUnpickler(pickle.Unpickler):
   def find_class(self, module, name):
     if (module, name) not in ALLOWED_GLOBALS:
       raise UnsafeCheckpointError(
-          f'{self._name} refers to {module}.{name}, which no Trax checkpoint '
-          'holds: refusing to load it, since unpickling it could run code. '
-          'Load only model directories written by trax_qkv or Trax.')
+        f'{self._name} refers to {module}.{name}, which no Trax checkpoint '
+        'holds: refusing to load it, since unpickling it could run code. '
+        'Load only model directories written by trax_qkv or Trax.'
+      )
     return super().find_class(module, name)
 
 
@@ -108,11 +126,20 @@ def unpickle(file):
     return _CheckpointUnpickler(file, name).load()
   except UnsafeCheckpointError:
     raise
-  except (EOFError, pickle.UnpicklingError, zlib.error, gzip_lib.BadGzipFile,
-          ValueError, TypeError, AttributeError, IndexError) as e:
+  except (
+    EOFError,
+    pickle.UnpicklingError,
+    zlib.error,
+    gzip_lib.BadGzipFile,
+    ValueError,
+    TypeError,
+    AttributeError,
+    IndexError,
+  ) as e:
     raise CorruptCheckpointError(
-        f'{name} is damaged or truncated ({type(e).__name__}: {e}); it is '
-        'not a complete checkpoint file. Restore it, or train again.') from e
+      f'{name} is damaged or truncated ({type(e).__name__}: {e}); it is '
+      'not a complete checkpoint file. Restore it, or train again.'
+    ) from e
 
 
 def unpickle_from_file(path, gzip=False):
@@ -180,9 +207,10 @@ def _read_arrays(file_path):
         arrays.append(np.load(gzipf, allow_pickle=False))
     except (EOFError, OSError, ValueError, zlib.error) as e:
       raise CorruptCheckpointError(
-          f'{file_path} is damaged or truncated after {len(arrays)} arrays '
-          f'({type(e).__name__}: {e}); it is not a complete checkpoint '
-          'file. Restore it, or train again.') from e
+        f'{file_path} is damaged or truncated after {len(arrays)} arrays '
+        f'({type(e).__name__}: {e}); it is not a complete checkpoint '
+        'file. Restore it, or train again.'
+      ) from e
   return arrays
 
 

@@ -11,7 +11,6 @@ uses them.
 import warnings
 
 import gin
-import trax.layers
 import trax.models
 
 from trax_qkv.models import registry
@@ -20,11 +19,11 @@ REMOVED_IN = '0.4.0'
 # The first release's implementation names -> today's. Fixed: kernels added
 # since never had an old name.
 DEPRECATED_NAMES = {
-    'trax_qkv': 'reference',
-    'trax_qkv_fused': 'fused',
-    'trax_qkv_chunked': 'chunked',
-    'trax_qkv_cudnn': 'cudnn',
-    'trax_qkv_auto': 'auto',
+  'trax_qkv': 'reference',
+  'trax_qkv_fused': 'fused',
+  'trax_qkv_chunked': 'chunked',
+  'trax_qkv_cudnn': 'cudnn',
+  'trax_qkv_auto': 'auto',
 }
 
 
@@ -34,8 +33,11 @@ class QkvDeprecationWarning(DeprecationWarning):
 
 def _deprecated(old, new):
   warnings.warn(
-      f'trax_qkv: {old} is deprecated and will be removed in trax_qkv '
-      f'{REMOVED_IN}; use {new}.', QkvDeprecationWarning, stacklevel=4)
+    f'trax_qkv: {old} is deprecated and will be removed in trax_qkv '
+    f'{REMOVED_IN}; use {new}.',
+    QkvDeprecationWarning,
+    stacklevel=4,
+  )
 
 
 def _warn_renamed(old, new):
@@ -48,22 +50,26 @@ for _old, _new in DEPRECATED_NAMES.items():
 
 def register_cross_attention(name, factory):
   """Deprecated: `register_attention('cross_attention', name, factory)`."""
-  _deprecated('register_cross_attention',
-              "register_attention('cross_attention', ...)")
+  _deprecated(
+    'register_cross_attention', "register_attention('cross_attention', ...)"
+  )
   registry.register_attention('cross_attention', name, factory)
 
 
 def cross_attention_implementations():
   """Deprecated: `attention_implementations('cross_attention')`."""
-  _deprecated('cross_attention_implementations',
-              "attention_implementations('cross_attention')")
+  _deprecated(
+    'cross_attention_implementations',
+    "attention_implementations('cross_attention')",
+  )
   return registry.attention_implementations('cross_attention')
 
 
 def resolve_cross_attention(implementation):
   """Deprecated: `resolve_attention('cross_attention', implementation)`."""
-  _deprecated('resolve_cross_attention',
-              "resolve_attention('cross_attention', ...)")
+  _deprecated(
+    'resolve_cross_attention', "resolve_attention('cross_attention', ...)"
+  )
   return registry.resolve_attention('cross_attention', implementation)
 
 
@@ -74,21 +80,15 @@ def use_cross_attention(implementation):
 
 
 @gin.configurable(module='trax_qkv', denylist=['mode'])
-def CrossAttentionTransformer(input_vocab_size, output_vocab_size=None,
-                              d_model=512, d_ff=2048, n_encoder_layers=6,
-                              n_decoder_layers=6, n_heads=8, max_len=2048,
-                              dropout=0.1, dropout_shared_axes=None,
-                              mode='train', ff_activation=trax.layers.Relu,
-                              cross_attention='reference'):
-  """Deprecated: `trax.models.Transformer` built inside
-  `use_attention(cross_attention=cross_attention)`; same arguments."""
-  _deprecated('CrossAttentionTransformer',
-              'trax.models.Transformer inside trax_qkv.use_attention('
-              'cross_attention=...)')
+def CrossAttentionTransformer(
+  input_vocab_size, cross_attention='reference', **transformer
+):
+  """Deprecated: `trax.models.Transformer(input_vocab_size, **transformer)`
+  built inside `use_attention(cross_attention=cross_attention)`."""
+  _deprecated(
+    'CrossAttentionTransformer',
+    'trax.models.Transformer inside trax_qkv.use_attention('
+    'cross_attention=...)',
+  )
   with registry.use_attention(cross_attention=cross_attention):
-    return trax.models.Transformer(
-        input_vocab_size, output_vocab_size=output_vocab_size,
-        d_model=d_model, d_ff=d_ff, n_encoder_layers=n_encoder_layers,
-        n_decoder_layers=n_decoder_layers, n_heads=n_heads, max_len=max_len,
-        dropout=dropout, dropout_shared_axes=dropout_shared_axes, mode=mode,
-        ff_activation=ff_activation)
+    return trax.models.Transformer(input_vocab_size, **transformer)

@@ -72,11 +72,14 @@ def read_json_object(path, expected):
     with open(path, encoding='utf-8') as f:
       value = json.load(f)
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise ValueError(f'{path} is not valid JSON ({e}); expected a JSON '
-                     f'object of {expected}.') from None
+    raise ValueError(
+      f'{path} is not valid JSON ({e}); expected a JSON object of {expected}.'
+    ) from None
   if not isinstance(value, dict):
-    raise ValueError(f'{path} holds a {type(value).__name__}; expected a '
-                     f'JSON object of {expected}.')
+    raise ValueError(
+      f'{path} holds a {type(value).__name__}; expected a '
+      f'JSON object of {expected}.'
+    )
   return value
 
 
@@ -94,16 +97,18 @@ def open_lock_file(directory, name):
   except OSError:
     if os.path.islink(path):
       raise LockFileError(
-          f'{path} is a symbolic link; a lock file must be a regular file. '
-          'Remove it (nothing of a run lives there).') from None
+        f'{path} is a symbolic link; a lock file must be a regular file. '
+        'Remove it (nothing of a run lives there).'
+      ) from None
     if not os.path.isdir(path):
       raise
     fd = None
   if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
     if fd is not None:
       os.close(fd)
-    raise LockFileError(f'{path} is not a regular file; a lock file must '
-                        'be one. Remove it.')
+    raise LockFileError(
+      f'{path} is not a regular file; a lock file must be one. Remove it.'
+    )
   return fd
 
 

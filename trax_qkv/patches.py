@@ -37,11 +37,11 @@ import warnings
 
 import jax
 import numpy as np
-import trax.data
-import trax.layers
-from trax import fastmath
 from packaging import requirements
+from trax import fastmath
+import trax.data
 from trax.data import inputs as trax_inputs
+import trax.layers
 from trax.layers import acceleration
 from trax.layers import base as trax_layers_base
 from trax.supervised import training as trax_training
@@ -83,9 +83,11 @@ def required_versions():
 def untested_versions():
   """'package version' for each of PATCHED_PACKAGES whose installed version
   is not the one trax_qkv requires."""
-  return [f'{package} {importlib.metadata.version(package)}'
-          for package, specifier in required_versions().items()
-          if importlib.metadata.version(package) not in specifier]
+  return [
+    f'{package} {importlib.metadata.version(package)}'
+    for package, specifier in required_versions().items()
+    if importlib.metadata.version(package) not in specifier
+  ]
 
 
 def _tree_unflatten(flat, tree, copy_from_tree=None):
@@ -95,28 +97,34 @@ def _tree_unflatten(flat, tree, copy_from_tree=None):
 
 
 def _for_n_devices(x, n_devices):
-  """Replicates/broadcasts `x` for `n_devices` (trax's, without the removed API)."""
+  """Replicates `x` for `n_devices`: Trax's, without the removed API."""
   if n_devices <= 1:
     return x
   devices = jax.local_devices()[:n_devices]
   mesh = jax.sharding.Mesh(np.array(devices), ('devices',))
   sharding = jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec('devices'))
+    mesh, jax.sharding.PartitionSpec('devices')
+  )
 
   def replicate(leaf):
     leaf = np.asarray(leaf)
-    return jax.device_put(np.broadcast_to(leaf, (n_devices,) + leaf.shape),
-                          sharding)
+    return jax.device_put(
+      np.broadcast_to(leaf, (n_devices,) + leaf.shape), sharding
+    )
+
   return fastmath.nested_map(replicate, x)
 
 
 def _on_cpu(x):
   """Puts `x` in CPU memory; arrays already there keep their sharding."""
+
   def move(leaf):
     if isinstance(leaf, jax.Array) and all(
-        d.platform == 'cpu' for d in leaf.devices()):
+      d.platform == 'cpu' for d in leaf.devices()
+    ):
       return leaf
     return _original_on_cpu(leaf)
+
   return fastmath.nested_map(move, x)
 
 
@@ -127,13 +135,17 @@ def apply():
     return
   untested = untested_versions()
   if untested:
-    wanted = ' and '.join(f'{package} {specifier}' for package, specifier
-                          in required_versions().items())
+    wanted = ' and '.join(
+      f'{package} {specifier}'
+      for package, specifier in required_versions().items()
+    )
     warnings.warn(
-        f'trax_qkv was written for {wanted}; found {", ".join(untested)}. '
-        'Its fixes to Trax (trax_qkv.patches) may not fit this version: '
-        'run the test suite before trusting results.',
-        UntestedVersionWarning, stacklevel=2)
+      f'trax_qkv was written for {wanted}; found {", ".join(untested)}. '
+      'Its fixes to Trax (trax_qkv.patches) may not fit this version: '
+      'run the test suite before trusting results.',
+      UntestedVersionWarning,
+      stacklevel=2,
+    )
   # Recursive calls inside trax look the function up in its module.
   fastmath_numpy.tree_unflatten = _tree_unflatten
   fastmath.tree_unflatten = _tree_unflatten
@@ -142,8 +154,9 @@ def apply():
   trax.layers.for_n_devices = _for_n_devices
   acceleration.on_cpu = _on_cpu
   trax.layers.on_cpu = _on_cpu
-  _set_checkpoint_readers(checkpoint_files.SafePickleModule(),
-                          checkpoint_files.np_from_file)
+  _set_checkpoint_readers(
+    checkpoint_files.SafePickleModule(), checkpoint_files.np_from_file
+  )
   _applied = True
 
 
@@ -162,5 +175,6 @@ def trax_checkpoint_reading():
   try:
     yield
   finally:
-    _set_checkpoint_readers(checkpoint_files.SafePickleModule(),
-                            checkpoint_files.np_from_file)
+    _set_checkpoint_readers(
+      checkpoint_files.SafePickleModule(), checkpoint_files.np_from_file
+    )

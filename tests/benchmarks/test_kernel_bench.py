@@ -6,44 +6,60 @@ import subprocess
 import sys
 import textwrap
 
+from helpers import ROOT
+from helpers import command
 import numpy as np
 import pytest
 
 from trax_qkv.benchmarks import kernels as kernel_bench
 from trax_qkv.benchmarks import timing
-from helpers import ROOT, command
 
 
 def test_kernel_bench_measures_every_implementation(tmp_path):
   shape = (2, 16, 24, 16, 4)  # batch, Lq, Lk, d_model, heads
-  command('bench_kernels').main([
-      '--rounds', '1', '--shape', *map(str, shape),
-      '--output_dir', str(tmp_path)])
+  command('bench_kernels').main(
+    [
+      '--rounds',
+      '1',
+      '--shape',
+      *map(str, shape),
+      '--output_dir',
+      str(tmp_path),
+    ]
+  )
   results = json.loads((tmp_path / 'kernel_bench.json').read_text())
   assert [e['dtype'] for e in results['shapes']] == ['bfloat16', 'float32']
   for entry in results['shapes']:
     assert entry['shape'] == list(shape)
     assert set(kernel_bench.implementations_for(entry['dtype'])) == set(
-        entry['results'])
+      entry['results']
+    )
     for implementation, r in entry['results'].items():
       assert r['fwd_ms'] > 0 and r['fwd_bwd_ms'] > 0, implementation
       if entry['dtype'] == 'float32':  # the fast paths' promise
         assert r['max_rel_error'] < 1e-5, implementation
   table = (tmp_path / 'kernel_bench.md').read_text()
   assert table.count('| 2, 16, 24, 16, 4 |') == 2 * len(
-      kernel_bench.implementations_for('float32'))
+    kernel_bench.implementations_for('float32')
+  )
 
 
 def test_interleaved_rounds_rotate_and_prime_each_turn():
   """Each turn: `untimed` calls, then `calls` timed ones; rounds rotate."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp
+
   log = []
 
   def contender(name):
     return lambda: log.append(name) or jnp.zeros(())
+
   times = timing.interleaved_times(
-      {'a': contender('a'), 'b': contender('b')}, rounds=2, warmup=1,
-      calls=2, untimed=1)
+    {'a': contender('a'), 'b': contender('b')},
+    rounds=2,
+    warmup=1,
+    calls=2,
+    untimed=1,
+  )
   assert log == ['a', 'b'] + ['a'] * 3 + ['b'] * 3 + ['b'] * 3 + ['a'] * 3
   assert {name: len(t) for name, t in times.items()} == {'a': 2, 'b': 2}
 
@@ -66,7 +82,8 @@ def test_short_calls_are_repeated_to_fill_a_turn(monkeypatch):
   """min_turn_seconds: a call of 250 ms is timed once per turn, one of
   1 ms 200 times (the count from the last warm-up call's time), and each
   round's time is per call."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp
+
   clock = _FakeClock()
   monkeypatch.setattr(timing, 'time', clock)
   counts = {'fast': 0, 'slow': 0}
@@ -77,31 +94,43 @@ def test_short_calls_are_repeated_to_fill_a_turn(monkeypatch):
       counts[name] += 1
       clock.now += seconds
       return result
+
     return call
+
   times = timing.interleaved_times(
-      {'fast': contender('fast', 0.001), 'slow': contender('slow', 0.25)},
-      rounds=2, min_turn_seconds=0.2, settle=0.3, untimed=1)
+    {'fast': contender('fast', 0.001), 'slow': contender('slow', 0.25)},
+    rounds=2,
+    min_turn_seconds=0.2,
+    settle=0.3,
+    untimed=1,
+  )
   assert counts == {'fast': 1 + 2 * (1 + 200), 'slow': 1 + 2 * (1 + 1)}
   assert times['fast'] == pytest.approx([0.001, 0.001])
   assert times['slow'] == pytest.approx([0.25, 0.25])
   with pytest.raises(ValueError, match='warm-up'):
-    timing.interleaved_times({'x': contender('fast', 0.0)}, rounds=1,
-                             warmup=0, min_turn_seconds=0.1)
+    timing.interleaved_times(
+      {'x': contender('fast', 0.0)}, rounds=1, warmup=0, min_turn_seconds=0.1
+    )
 
 
 def test_page_faults_per_call_averages_the_process_counters(monkeypatch):
   """(minor faults, kernel seconds) per call: the difference of the
   process's counters around the timed calls, after one untimed call."""
-  import resource  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  usage = iter([resource.struct_rusage((0, 1.0) + (0,) * 4 + (100,) +
-                                       (0,) * 9),
-                resource.struct_rusage((0, 1.6) + (0,) * 4 + (400,) +
-                                       (0,) * 9)])
+  import resource
+
+  import jax.numpy as jnp
+
+  usage = iter(
+    [
+      resource.struct_rusage((0, 1.0) + (0,) * 4 + (100,) + (0,) * 9),
+      resource.struct_rusage((0, 1.6) + (0,) * 4 + (400,) + (0,) * 9),
+    ]
+  )
   monkeypatch.setattr(timing.resource, 'getrusage', lambda who: next(usage))
   calls = []
   faults, kernel_seconds = timing.page_faults_per_call(
-      lambda: calls.append(1) or jnp.zeros(()), calls=3)
+    lambda: calls.append(1) or jnp.zeros(()), calls=3
+  )
   assert len(calls) == 1 + 3
   assert faults == 100 and kernel_seconds == pytest.approx(0.2)
 
@@ -127,8 +156,13 @@ def test_kernel_bench_runs_without_trax_or_tensorflow(tmp_path):
         assert not any(m.split('.')[0] in ('trax', 'tensorflow')
                        for m in sys.modules), 'trax or tensorflow imported'
       """)
-  done = subprocess.run([sys.executable, '-c', blocker], cwd=ROOT,
-                        capture_output=True, text=True, timeout=600)
+  done = subprocess.run(
+    [sys.executable, '-c', blocker],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   results = json.loads((tmp_path / 'kernel_bench.json').read_text())
   assert [e['shape'] for e in results['shapes']] == [[1, 8, 8, 16, 2]] * 2
@@ -145,10 +179,12 @@ def test_bad_shape_is_refused_before_any_work(capsys):
 def test_bench_quick_run_keeps_rounds_and_pairs_them(tmp_path):
   """scripts/bench.py --quick: every contender at every shape, each round's
   time kept, medians and the per-round (paired) speed-ups made from them."""
-  from trax_qkv.benchmarks import layers as bench  # pylint: disable=g-import-not-at-top
+  from trax_qkv.benchmarks import layers as bench
+
   rounds = 2
-  command('bench').main(['--quick', '--rounds', str(rounds),
-                             '--output_dir', str(tmp_path)])
+  command('bench').main(
+    ['--quick', '--rounds', str(rounds), '--output_dir', str(tmp_path)]
+  )
   results = json.loads((tmp_path / 'bench.json').read_text())
   for entry in results['layers']:
     assert set(entry['results']) == set(bench.contenders())
@@ -157,10 +193,13 @@ def test_bench_quick_run_keeps_rounds_and_pairs_them(tmp_path):
         times = r[f'{key}_round_ms']
         assert len(times) == rounds and min(times) > 0, name
         assert r[f'{key}_ms'] == pytest.approx(np.median(times))
-    builtin, auto = (entry['results'][name]['fwd_bwd_round_ms']
-                     for name in (bench.BUILTIN, 'auto'))
+    builtin, auto = (
+      entry['results'][name]['fwd_bwd_round_ms']
+      for name in (bench.BUILTIN, 'auto')
+    )
     assert bench.round_speedups(entry, 'auto', 'fwd_bwd') == pytest.approx(
-        [b / a for b, a in zip(builtin, auto)])
+      [b / a for b, a in zip(builtin, auto)]
+    )
   for key in ('decode_tokens_per_s', 'train_steps_per_s'):
     assert set(results[key]) == {bench.BUILTIN, 'reference', 'auto'}
     assert min(results[key].values()) > 0

@@ -2,11 +2,11 @@
 
 import os
 
+from helpers import require_shared_data
 import numpy as np
 import pytest
 
 from trax_qkv import data
-from helpers import require_shared_data
 
 
 @pytest.fixture(scope='module')
@@ -25,21 +25,26 @@ def test_number_splits_are_deterministic_and_disjoint():
 
 def test_number_words_put_units_before_tens_in_german():
   assert data.number_pair(21) == ('twenty-one', 'einundzwanzig')
-  assert data.number_pair(1234) == ('one thousand, two hundred and thirty-four',
-                                    'eintausendzweihundertvierunddreißig')
+  assert data.number_pair(1234) == (
+    'one thousand, two hundred and thirty-four',
+    'eintausendzweihundertvierunddreißig',
+  )
 
 
 def test_numbers_builder_prepares_offline(tfds_dir):
-  test = data.load_split('trax_qkv_numbers/tiny', 'test', ('en', 'de'),
-                         tfds_dir)
-  expected = [data.number_pair(n) for n in
-              data.number_splits(200, 20, 20)['test']]
+  test = data.load_split(
+    'trax_qkv_numbers/tiny', 'test', ('en', 'de'), tfds_dir
+  )
+  expected = [
+    data.number_pair(n) for n in data.number_splits(200, 20, 20)['test']
+  ]
   assert sorted(test) == sorted(expected)
 
 
 def test_pipeline_yields_transformer_batches(tfds_dir):
-  spec = data.translation_data('trax_qkv_numbers/tiny', data_dir=tfds_dir,
-                               vocab_size=200)
+  spec = data.translation_data(
+    'trax_qkv_numbers/tiny', data_dir=tfds_dir, vocab_size=200
+  )
   assert os.path.exists(os.path.join(spec.vocab_dir, spec.vocab_file))
   inputs = data.TranslationInputs(spec, max_length=16, batch_size=8)
   for stream in (inputs.train_stream(1), inputs.eval_stream(1)):
@@ -78,15 +83,19 @@ def test_parallel_text_builder(tmp_path, tfds_dir):
   assert name == data.parallel_text_dataset(str(d), 'de', 'en')  # idempotent
   pairs = data.load_split(name, 'test', ('de', 'en'), tfds_dir)
   assert sorted(pairs) == sorted(
-      (f'Satz {i} test', f'sentence {i} test') for i in range(6))
+    (f'Satz {i} test', f'sentence {i} test') for i in range(6)
+  )
 
 
-@pytest.mark.parametrize('damage,message', [
+@pytest.mark.parametrize(
+  'damage,message',
+  [
     ('missing', r'missing file .*test\.en'),
     ('counts', r'test\.de has 6 lines but test\.en has 5'),
     ('empty', r'test\.en, line 3: empty line'),
     ('utf8', r'test\.en, line 2: not valid UTF-8'),
-])
+  ],
+)
 def test_bad_parallel_text_fails_before_preparing(tmp_path, damage, message):
   d = _parallel_dir(tmp_path)
   if damage == 'missing':
@@ -101,8 +110,9 @@ def test_bad_parallel_text_fails_before_preparing(tmp_path, damage, message):
     _write(d, 'test', 'en', None, raw=b'ok\nbad \xff\xfe byte\n' * 3)
   tfds_out = tmp_path / 'tfds'
   with pytest.raises(data.ParallelTextError, match=message):
-    data.translation_data(source_dir=str(d), keys=('de', 'en'),
-                          data_dir=str(tfds_out))
+    data.translation_data(
+      source_dir=str(d), keys=('de', 'en'), data_dir=str(tfds_out)
+    )
   assert not tfds_out.exists()  # nothing half-prepared
 
 
@@ -111,8 +121,9 @@ def test_missing_directory_and_bad_keys(tmp_path):
     data.parallel_text_dataset(str(tmp_path / 'nope'), 'de', 'en')
   with pytest.raises(data.ParallelTextError, match='src must be a language'):
     data.parallel_text_dataset(str(tmp_path), '../de', 'en')
-  with pytest.raises(ValueError,
-                     match=r'keys must be two different \(source, target\)'):
+  with pytest.raises(
+    ValueError, match=r'keys must be two different \(source, target\)'
+  ):
     data.translation_data(keys=('en',))
 
 
@@ -120,8 +131,13 @@ def test_multi30k_directory_is_usable(tmp_path):
   path = require_shared_data('multi30k')
   name = data.parallel_text_dataset(path, 'de', 'en')
   assert data.split_files(path, 'de') == {
-      'train': 'train', 'validation': 'val', 'test': 'test2016'}
-  counts = {prefix: len(data.read_parallel_split(path, prefix, 'de', 'en')[0])
-            for prefix in ('train', 'val', 'test2016')}
+    'train': 'train',
+    'validation': 'val',
+    'test': 'test2016',
+  }
+  counts = {
+    prefix: len(data.read_parallel_split(path, prefix, 'de', 'en')[0])
+    for prefix in ('train', 'val', 'test2016')
+  }
   assert counts == {'train': 29000, 'val': 1014, 'test2016': 1000}
   assert name.startswith('trax_qkv_parallel_multi30k_de_en_')

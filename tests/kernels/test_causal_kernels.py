@@ -19,8 +19,9 @@ RTOL = 1e-5
 def _relative_error(got, expected):
   """Max |difference| relative to the largest expected value, or absolute
   below 1 (a gradient that is 0 in exact arithmetic, one key, say)."""
-  return float(jnp.abs(got - expected).max()
-               / jnp.maximum(jnp.abs(expected).max(), 1.0))
+  return float(
+    jnp.abs(got - expected).max() / jnp.maximum(jnp.abs(expected).max(), 1.0)
+  )
 
 
 def _qkv(rows, length, d, seed=0):
@@ -33,32 +34,38 @@ def _reference(q, k, v):
 
 
 @hypothesis.settings(max_examples=15, deadline=None)
-@hypothesis.given(rows=st.integers(1, 5), length=st.integers(1, 70),
-                  d=st.sampled_from([4, 8]),
-                  block=st.sampled_from([8, 16, 128]),
-                  step_elements=st.sampled_from([64, 2 ** 19]))
-def test_forward_and_gradients_match_reference(rows, length, d, block,
-                                               step_elements):
+@hypothesis.given(
+  rows=st.integers(1, 5),
+  length=st.integers(1, 70),
+  d=st.sampled_from([4, 8]),
+  block=st.sampled_from([8, 16, 128]),
+  step_elements=st.sampled_from([64, 2**19]),
+)
+def test_forward_and_gradients_match_reference(
+  rows, length, d, block, step_elements
+):
   q, k, v, cotangent = _qkv(rows, length, d, seed=length)
-  attend = functools.partial(causal.causal_attention, block_size=block,
-                             step_elements=step_elements)
+  attend = functools.partial(
+    causal.causal_attention, block_size=block, step_elements=step_elements
+  )
 
   def value_and_grads(f):
-    return jax.value_and_grad(lambda q, k, v: jnp.sum(f(q, k, v) * cotangent),
-                              argnums=(0, 1, 2))(q, k, v)
+    return jax.value_and_grad(
+      lambda q, k, v: jnp.sum(f(q, k, v) * cotangent), argnums=(0, 1, 2)
+    )(q, k, v)
+
   assert _relative_error(attend(q, k, v), _reference(q, k, v)) < RTOL
-  (_, got), (_, expected) = value_and_grads(attend), value_and_grads(
-      _reference)
+  (_, got), (_, expected) = value_and_grads(attend), value_and_grads(_reference)
   for g, e in zip(got, expected):
     assert _relative_error(g, e) < RTOL
 
 
 def test_tiles_take_whole_rows_while_the_logits_fit():
-  tiles = causal._tiles  # pylint: disable=protected-access
-  assert tiles(16, 2048, 128, 2 ** 19) == (16, 128)   # all rows per step
-  assert tiles(1024, 64, 128, 2 ** 19) == (128, 64)   # short: whole length
-  assert tiles(6, 5, 128, 2 ** 19) == (6, 8)          # 8-aligned block
-  assert tiles(7, 300, 128, 100) == (1, 128)          # at least one row
+  tiles = causal._tiles
+  assert tiles(16, 2048, 128, 2**19) == (16, 128)  # all rows per step
+  assert tiles(1024, 64, 128, 2**19) == (128, 64)  # short: whole length
+  assert tiles(6, 5, 128, 2**19) == (6, 8)  # 8-aligned block
+  assert tiles(7, 300, 128, 100) == (1, 128)  # at least one row
 
 
 @pytest.mark.parametrize('block', [8, 128])
@@ -67,16 +74,21 @@ def test_dropout_gradient_matches_forward_mode_derivative(block):
   derivative of the same forward pass (same masks), in random directions."""
   q, k, v, cotangent = _qkv(3, 37, 8, seed=1)
   rng = jax.random.PRNGKey(4)
-  tiles = causal._tiles(3, 37, block, 2 ** 19)  # pylint: disable=protected-access
+  tiles = causal._tiles(3, 37, block, 2**19)
   pad = -37 % tiles[1]
-  q, k, v, cotangent = (jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
-                        for x in (q, k, v, cotangent))
+  q, k, v, cotangent = (
+    jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (q, k, v, cotangent)
+  )
 
   def forward(q, k, v):
-    return causal._causal_forward(q, k, v, tiles, 0.3, rng)[0]  # pylint: disable=protected-access
+    return causal._causal_forward(q, k, v, tiles, 0.3, rng)[0]
+
   grads = jax.grad(
-      lambda q, k, v: jnp.sum(causal._causal_core(  # pylint: disable=protected-access
-          q, k, v, tiles, 0.3, rng) * cotangent), argnums=(0, 1, 2))(q, k, v)
+    lambda q, k, v: jnp.sum(
+      causal._causal_core(q, k, v, tiles, 0.3, rng) * cotangent
+    ),
+    argnums=(0, 1, 2),
+  )(q, k, v)
   for seed in range(3):
     directions = _qkv(3, q.shape[1], 8, seed=10 + seed)[:3]
     _, tangent = jax.jvp(forward, (q, k, v), directions)
@@ -88,23 +100,27 @@ def test_dropout_gradient_matches_forward_mode_derivative(block):
 def test_dropout_keeps_expectation():
   q, k, v, _ = _qkv(2, 24, 8)
   no_dropout = causal.causal_attention(q, k, v, block_size=8)
-  samples = jax.jit(jax.vmap(lambda rng: causal.causal_attention(
-      q, k, v, 0.2, rng, block_size=8)))(jax.random.split(jax.random.PRNGKey(0),
-                                                     300))
+  samples = jax.jit(
+    jax.vmap(
+      lambda rng: causal.causal_attention(q, k, v, 0.2, rng, block_size=8)
+    )
+  )(jax.random.split(jax.random.PRNGKey(0), 300))
   assert not np.allclose(samples[0], no_dropout)
   np.testing.assert_allclose(samples.mean(0), no_dropout, atol=0.15)
 
 
-@pytest.mark.parametrize('index,new', [(0, 1), (0, 5), (13, 1), (30, 3),
-                                       (39, 1)])
+@pytest.mark.parametrize(
+  'index,new', [(0, 1), (0, 5), (13, 1), (30, 3), (39, 1)]
+)
 def test_cached_attention_reads_the_filled_part_only(index, new):
   q, k, v, _ = _qkv(4, 40, 8, seed=index)
-  expected = _reference(q, k, v)[:, index:index + new]
+  expected = _reference(q, k, v)[:, index : index + new]
   filled = (jnp.arange(40) < index + new)[None, :, None]
   # Large values past the filled part: they must get no weight.
   ks, vs = (jnp.where(filled, x, 1e4) for x in (k, v))
   got = jax.jit(causal.cached_attention, static_argnames='block_size')(
-      q[:, index:index + new], ks, vs, jnp.array(index), block_size=16)
+    q[:, index : index + new], ks, vs, jnp.array(index), block_size=16
+  )
   assert _relative_error(got, expected) < RTOL
 
 
@@ -116,13 +132,19 @@ def test_auto_in_predict_mode_reads_the_filled_part_off_the_gpu():
 
 
 def test_keep_masks_have_the_rate_and_are_uncorrelated():
-  from trax_qkv.kernels import common  # pylint: disable=g-import-not-at-top
+  from trax_qkv.kernels import common
+
   rng = jax.random.PRNGKey(3)
   shape = (16, 128, 128)
-  masks = [np.asarray(common.keep_mask(rng, i, 0.1, shape), float).ravel()
-           for i in range(3)]
-  masks.append(np.asarray(common.keep_mask(jax.random.PRNGKey(4), 0, 0.1,
-                                           shape), float).ravel())
+  masks = [
+    np.asarray(common.keep_mask(rng, i, 0.1, shape), float).ravel()
+    for i in range(3)
+  ]
+  masks.append(
+    np.asarray(
+      common.keep_mask(jax.random.PRNGKey(4), 0, 0.1, shape), float
+    ).ravel()
+  )
   tolerance = 4 / np.sqrt(masks[0].size)  # 4 standard errors
   for mask in masks:
     assert abs(mask.mean() - 0.9) < tolerance
@@ -130,5 +152,6 @@ def test_keep_masks_have_the_rate_and_are_uncorrelated():
   for other in masks[1:]:
     assert abs(np.corrcoef(masks[0], other)[0, 1]) < tolerance
   assert abs(np.corrcoef(masks[0][:-1], masks[0][1:])[0, 1]) < tolerance
-  assert np.array_equal(masks[0], np.asarray(
-      common.keep_mask(rng, 0, 0.1, shape), float).ravel())  # deterministic
+  assert np.array_equal(
+    masks[0], np.asarray(common.keep_mask(rng, 0, 0.1, shape), float).ravel()
+  )  # deterministic

@@ -2,6 +2,7 @@
 
 import functools
 
+from helpers import qkv_inputs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,6 @@ from trax_qkv.kernels import cudnn
 from trax_qkv.kernels import fused
 from trax_qkv.kernels import reference as reference_math
 from trax_qkv.layers import attention as attention_layers
-from helpers import qkv_inputs
 
 RTOL = 1e-5
 # 'cudnn' runs on a GPU only (bf16/fp16); elsewhere asking for it raises.
@@ -25,12 +25,12 @@ FAST = ('fused', 'chunked', 'auto')
 # The math tests also run 'fused' with steps of query blocks.
 FAST_MATH = FAST + ('fused:query_blocks',)
 CASES = {
-    'padding': dict(lq=5, lk=7, pad_from=4),
-    'lq_ne_lk': dict(lq=11, lk=23, pad_from=9),
-    'partial_rows': dict(lq=6, lk=10, mask_shape='partial_rows'),
-    'one_head': dict(lq=5, lk=7, pad_from=2, n_heads=1),
-    'many_heads': dict(lq=5, lk=7, d=64, n_heads=16),
-    'batch1': dict(batch=1, lq=3, lk=13),
+  'padding': dict(lq=5, lk=7, pad_from=4),
+  'lq_ne_lk': dict(lq=11, lk=23, pad_from=9),
+  'partial_rows': dict(lq=6, lk=10, mask_shape='partial_rows'),
+  'one_head': dict(lq=5, lk=7, pad_from=2, n_heads=1),
+  'many_heads': dict(lq=5, lk=7, d=64, n_heads=16),
+  'batch1': dict(batch=1, lq=3, lk=13),
 }
 
 
@@ -51,13 +51,16 @@ def _implementation(name):
     return functools.partial(fused.fused_attention, step_elements=1)
   if name == 'fused:query_blocks':  # 2 queries per step, odd Lq padded
     return lambda q, k, v, *rest: fused.fused_attention(
-        q, k, v, *rest, step_elements=2 * k.shape[1])
+      q, k, v, *rest, step_elements=2 * k.shape[1]
+    )
   return functools.partial(kernels.attend, implementation=name)
 
 
 def _relative_error(x, reference):
-  return float(jnp.max(jnp.abs(x - reference)) /
-               jnp.maximum(jnp.max(jnp.abs(reference)), 1e-30))
+  return float(
+    jnp.max(jnp.abs(x - reference))
+    / jnp.maximum(jnp.max(jnp.abs(reference)), 1e-30)
+  )
 
 
 def _assert_gradients_close(got, expected):
@@ -73,10 +76,12 @@ def _assert_gradients_close(got, expected):
 def _layer_gradients(layer, weights, state, inputs, rng):
   """Leaves of d sum(sin(output)) / d (weights, q, k, v) of an AttentionQKV."""
   mask = inputs[3]
-  loss = lambda w, q, k, v: jnp.sum(jnp.sin(
-      layer.pure_fn((q, k, v, mask), w, state, rng)[0][0]))
+  loss = lambda w, q, k, v: jnp.sum(
+    jnp.sin(layer.pure_fn((q, k, v, mask), w, state, rng)[0][0])
+  )
   return jax.tree_util.tree_leaves(
-      jax.grad(loss, argnums=(0, 1, 2, 3))(weights, *inputs[:3]))
+    jax.grad(loss, argnums=(0, 1, 2, 3))(weights, *inputs[:3])
+  )
 
 
 @pytest.mark.parametrize('case', sorted(CASES))
@@ -93,9 +98,12 @@ def test_forward_and_gradients_match_reference(case, name):
 
   assert _relative_error(candidate(q, k, v), reference(q, k, v)) < RTOL
   cotangent = jax.random.normal(jax.random.PRNGKey(3), q.shape)
-  grads = [jax.grad(lambda *x, f=f: jnp.sum(f(*x) * cotangent),
-                    argnums=(0, 1, 2))(q, k, v)
-           for f in (reference, candidate)]
+  grads = [
+    jax.grad(lambda *x, f=f: jnp.sum(f(*x) * cotangent), argnums=(0, 1, 2))(
+      q, k, v
+    )
+    for f in (reference, candidate)
+  ]
   for g_candidate, g_reference in zip(grads[1], grads[0]):
     assert _relative_error(g_candidate, g_reference) < RTOL
 
@@ -106,8 +114,11 @@ def test_fully_masked_rows_match_trax():
   ref = reference_math.dot_product_attention(q, k, v, mask, n_heads)[0]
   v_heads = reference_math.split_heads(v[:1], n_heads)
   expected = reference_math.merge_heads(
-      jnp.broadcast_to(v_heads.sum(axis=2, keepdims=True),
-                       (1, n_heads, q.shape[1], v_heads.shape[-1])))
+    jnp.broadcast_to(
+      v_heads.sum(axis=2, keepdims=True),
+      (1, n_heads, q.shape[1], v_heads.shape[-1]),
+    )
+  )
   np.testing.assert_allclose(ref[:1], expected, rtol=1e-5, atol=1e-5)
   for name in FAST_MATH:
     out = _implementation(name)(q, k, v, mask, n_heads)
@@ -118,14 +129,14 @@ def test_fully_masked_rows_match_trax():
 def test_blockwise_dropout_keeps_expectation(name):
   """Per-block masks: other bits than the reference, same rate, unbiased."""
   n_heads, (q, k, v, mask) = _case('lq_ne_lk', fully_masked_row=False)
-  attend = {'fused': functools.partial(fused.fused_attention,
-                                       step_elements=1),
-            'chunked': functools.partial(chunked.chunked_attention,
-                                         block_size=8)}[name]
+  attend = {
+    'fused': functools.partial(fused.fused_attention, step_elements=1),
+    'chunked': functools.partial(chunked.chunked_attention, block_size=8),
+  }[name]
   no_dropout = attend(q, k, v, mask, n_heads)
-  samples = jax.jit(jax.vmap(
-      lambda rng: attend(q, k, v, mask, n_heads, 0.2, rng)))(
-          jax.random.split(jax.random.PRNGKey(0), 300))
+  samples = jax.jit(
+    jax.vmap(lambda rng: attend(q, k, v, mask, n_heads, 0.2, rng))
+  )(jax.random.split(jax.random.PRNGKey(0), 300))
   assert not np.allclose(samples[0], no_dropout)
   np.testing.assert_allclose(samples.mean(0), no_dropout, atol=0.15)
 
@@ -136,43 +147,52 @@ def test_fused_dropout_gradient_matches_autodiff(mask_rows, layout):
   """The hand-written backward agrees with JAX differentiating the forward,
   with dropout, for steps of whole batch entries, of some heads, and of
   query blocks (whose dK and dV add up across steps)."""
-  n_heads, (q, k, v, mask) = _case('lq_ne_lk' if mask_rows == 'keys'
-                                   else 'partial_rows')
+  n_heads, (q, k, v, mask) = _case(
+    'lq_ne_lk' if mask_rows == 'keys' else 'partial_rows'
+  )
   lq = q.shape[1]
-  tiles = {'batch_entries': (2, n_heads, lq), 'heads': (1, 2, lq),
-           'query_blocks': (1, 1, 2 if lq % 2 == 0 else 1)}[layout]
-  rest = (mask.astype(bool)[:, 0], tiles, n_heads, 0.3,
-          jax.random.PRNGKey(4))
+  tiles = {
+    'batch_entries': (2, n_heads, lq),
+    'heads': (1, 2, lq),
+    'query_blocks': (1, 1, 2 if lq % 2 == 0 else 1),
+  }[layout]
+  rest = (mask.astype(bool)[:, 0], tiles, n_heads, 0.3, jax.random.PRNGKey(4))
   cotangent = jax.random.normal(jax.random.PRNGKey(5), q.shape)
   grads = [
-      jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v) * cotangent),
-               argnums=(0, 1, 2))(q, k, v)
-      for f in (lambda q, k, v: fused._fused_core(q, k, v, *rest),  # pylint: disable=protected-access
-                lambda q, k, v: fused._fused_forward(  # pylint: disable=protected-access
-                    q, k, v, *rest)[0])]
+    jax.grad(
+      lambda q, k, v, f=f: jnp.sum(f(q, k, v) * cotangent), argnums=(0, 1, 2)
+    )(q, k, v)
+    for f in (
+      lambda q, k, v: fused._fused_core(q, k, v, *rest),
+      lambda q, k, v: fused._fused_forward(q, k, v, *rest)[0],
+    )
+  ]
   for custom, autodiff in zip(*grads):
     assert _relative_error(custom, autodiff) < RTOL
 
 
 def test_fused_step_tiles():
   def step_tiles(*shape, target=2**20):
-    return fused._step_tiles(*shape, target=target)  # pylint: disable=protected-access
-  assert step_tiles(32, 8, 64, 64) == (32, 8, 64)     # small: one step
-  assert step_tiles(8, 8, 256, 256) == (2, 8, 256)    # whole batch entries
+    return fused._step_tiles(*shape, target=target)
+
+  assert step_tiles(32, 8, 64, 64) == (32, 8, 64)  # small: one step
+  assert step_tiles(8, 8, 256, 256) == (2, 8, 256)  # whole batch entries
   assert step_tiles(4, 8, 1024, 1024) == (1, 1, 1024)  # one head per step
   assert step_tiles(3, 6, 128, 256, target=2**17) == (1, 3, 128)  # heads
   assert step_tiles(1, 8, 4096, 4096) == (1, 1, 256)  # query blocks
   assert step_tiles(1, 8, 4099, 4096) == (1, 1, 242)  # 17 blocks, 15 padded
   assert step_tiles(1, 1, 8, 8, target=30) == (1, 1, 3)
-  assert fused._step_tiles(4, 8, 1024, 1024) == (1, 1, 512)  # pylint: disable=protected-access
+  assert fused._step_tiles(4, 8, 1024, 1024) == (1, 1, 512)
 
 
 def test_auto_chooses_by_shape_and_device():
   long = jnp.zeros((1, 8192, 256))
 
   def choose(q, k, n_heads, dropout_rate):
-    return kernels.choose(kernels.Call(q.shape, k.shape, q.dtype, n_heads,
-                                       dropout_rate))
+    return kernels.choose(
+      kernels.Call(q.shape, k.shape, q.dtype, n_heads, dropout_rate)
+    )
+
   assert choose(long[:, :64], long, 8, 0.0) == 'chunked'  # long memory
   on_gpu = jax.default_backend() == 'gpu'
   default = 'reference' if on_gpu else 'fused'
@@ -180,7 +200,8 @@ def test_auto_chooses_by_shape_and_device():
   # All logits in one 'fused' step (here 8 * 64 * 64): nothing to tile.
   assert choose(long[:, :64], long[:, :64], 8, 0.0) == 'reference'
   assert choose(long.astype(jnp.bfloat16), long, 8, 0.0) == (
-      'cudnn' if on_gpu else 'fused')
+    'cudnn' if on_gpu else 'fused'
+  )
 
 
 @pytest.mark.parametrize('name', FAST)
@@ -190,20 +211,24 @@ def test_layer_uses_same_weights_and_matches(name, mode):
   with dropout is tested for its statistics below."""
   n_heads, x = _case('padding', fully_masked_row=False)
   reference = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode=mode)
-  fast = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode=mode,
-                               implementation=name)
+  fast = trax_qkv.AttentionQKV(
+    16, n_heads=n_heads, mode=mode, implementation=name
+  )
   rng = jax.random.PRNGKey(0)
   w, s = reference.init(shapes.signature(x), rng=rng)
   w_fast, s_fast = fast.init(shapes.signature(x), rng=rng)
-  for a, b in zip(jax.tree_util.tree_leaves((w, s)),
-                  jax.tree_util.tree_leaves((w_fast, s_fast))):
+  for a, b in zip(
+    jax.tree_util.tree_leaves((w, s)),
+    jax.tree_util.tree_leaves((w_fast, s_fast)),
+  ):
     assert np.array_equal(a, b)
   y_ref, s_ref = reference.pure_fn(x, w, s, rng)
   y_fast, s_fast = fast.pure_fn(x, w, s, rng)
   assert _relative_error(y_fast[0], y_ref[0]) < RTOL
   if mode == 'viz':  # viz runs the reference: weights are the state
-    for a, b in zip(jax.tree_util.tree_leaves(s_ref),
-                    jax.tree_util.tree_leaves(s_fast)):
+    for a, b in zip(
+      jax.tree_util.tree_leaves(s_ref), jax.tree_util.tree_leaves(s_fast)
+    ):
       assert np.array_equal(a, b)
 
 
@@ -220,8 +245,9 @@ def test_train_mode_dropout_keeps_rate_and_expectation(name):
   v = jnp.broadcast_to(jnp.eye(8), (2, 8, 8))
   x = (q, k, v, jnp.ones((2, 1, 1, 8), bool))
   weights = trax_qkv.PureAttention(n_heads=1, mode='eval')(x)[0]
-  train = trax_qkv.PureAttention(n_heads=1, dropout=rate, mode='train',
-                                 implementation=name)
+  train = trax_qkv.PureAttention(
+    n_heads=1, dropout=rate, mode='train', implementation=name
+  )
   train.init(shapes.signature(x))
   run = jax.jit(jax.vmap(lambda rng: train.pure_fn(x, (), (), rng)[0][0]))
   samples = np.asarray(run(jax.random.split(jax.random.PRNGKey(0), n_keys)))
@@ -242,25 +268,36 @@ def test_cudnn_that_cannot_run_raises_and_says_why():
   n_heads, (q, k, v, mask) = _case('padding', fully_masked_row=False)
   if not ON_CUDNN:  # this machine: no GPU
     backend = jax.default_backend()
-    for make in (lambda: trax_qkv.AttentionQKV(16, implementation='cudnn'),
-                 lambda: trax_qkv.PureAttention(implementation='cudnn'),
-                 lambda: kernels.attend(q, k, v, mask, n_heads,
-                                        implementation='cudnn')):
-      with pytest.raises(ValueError, match=(
+    for make in (
+      lambda: trax_qkv.AttentionQKV(16, implementation='cudnn'),
+      lambda: trax_qkv.PureAttention(implementation='cudnn'),
+      lambda: kernels.attend(q, k, v, mask, n_heads, implementation='cudnn'),
+    ):
+      with pytest.raises(
+        ValueError,
+        match=(
           f"implementation='cudnn' cannot run here: it needs a GPU and "
-          f"JAX's default backend is '{backend}'")):
+          f"JAX's default backend is '{backend}'"
+        ),
+      ):
         make()
   else:
     with pytest.raises(ValueError, match='it has no attention dropout'):
-      trax_qkv.AttentionQKV(16, dropout=0.1, mode='train',
-                            implementation='cudnn')
+      trax_qkv.AttentionQKV(
+        16, dropout=0.1, mode='train', implementation='cudnn'
+      )
     layer = trax_qkv.PureAttention(n_heads=n_heads, implementation='cudnn')
-    with pytest.raises(ValueError, match='takes bfloat16 or float16 inputs; '
-                       'got float32'):
+    with pytest.raises(
+      ValueError, match='takes bfloat16 or float16 inputs; got float32'
+    ):
       layer.init(shapes.signature((q, k, v, mask)))
   # Where it cannot run, 'auto' chooses another implementation.
-  assert kernels.resolve('auto', kernels.Call(
-      q.shape, k.shape, q.dtype, n_heads, 0.1)).name != 'cudnn'
+  assert (
+    kernels.resolve(
+      'auto', kernels.Call(q.shape, k.shape, q.dtype, n_heads, 0.1)
+    ).name
+    != 'cudnn'
+  )
 
 
 @pytest.mark.skipif(not ON_CUDNN, reason='cuDNN attention needs a GPU')
@@ -268,7 +305,8 @@ def test_cudnn_matches_reference_in_bfloat16():
   n_heads, (q, k, v, mask) = _case('lq_ne_lk', fully_masked_row=False)
   q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
   expected = reference_math.dot_product_attention(
-      *(x.astype(jnp.float32) for x in (q, k, v)), mask, n_heads)[0]
+    *(x.astype(jnp.float32) for x in (q, k, v)), mask, n_heads
+  )[0]
   got = kernels.attend(q, k, v, mask, n_heads, implementation='cudnn')
   assert _relative_error(got, expected) < 2e-2  # bfloat16 rounding
 
@@ -279,55 +317,73 @@ def test_layer_gradients_match_reference(name):
   paths run as RowsDense (the reference keeps core.Dense)."""
   n_heads, x = _case('lq_ne_lk')
   reference = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='eval')
-  fast = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='eval',
-                               implementation=name)
+  fast = trax_qkv.AttentionQKV(
+    16, n_heads=n_heads, mode='eval', implementation=name
+  )
   assert type(reference.sublayers[1].sublayers[0].sublayers[0]) is core.Dense
-  assert isinstance(fast.sublayers[1].sublayers[0].sublayers[0],
-                    attention_layers.RowsDense)
+  assert isinstance(
+    fast.sublayers[1].sublayers[0].sublayers[0], attention_layers.RowsDense
+  )
   rng = jax.random.PRNGKey(0)
   weights, state = reference.init(shapes.signature(x), rng=rng)
-  _assert_gradients_close(_layer_gradients(fast, weights, state, x, rng),
-                          _layer_gradients(reference, weights, state, x, rng))
+  _assert_gradients_close(
+    _layer_gradients(fast, weights, state, x, rng),
+    _layer_gradients(reference, weights, state, x, rng),
+  )
 
 
 @pytest.mark.parametrize('name', FAST)
 def test_predict_with_kv_cache(name):
   n_heads, (q, k, v, mask) = _case('padding', fully_masked_row=False)
-  eval_layer = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='eval',
-                                     implementation=name)
+  eval_layer = trax_qkv.AttentionQKV(
+    16, n_heads=n_heads, mode='eval', implementation=name
+  )
   eval_layer.init(shapes.signature((q, k, v, mask)))
   full, _ = eval_layer((q, k, v, mask))
-  layer = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='predict',
-                                cache_KV_in_predict=True, implementation=name)
+  layer = trax_qkv.AttentionQKV(
+    16,
+    n_heads=n_heads,
+    mode='predict',
+    cache_KV_in_predict=True,
+    implementation=name,
+  )
   _, state = layer.init(shapes.signature((q[:, :1], k, v, mask)))
   weights = jax.tree_util.tree_unflatten(
-      jax.tree_util.tree_structure(layer.weights),
-      jax.tree_util.tree_leaves(eval_layer.weights))
+    jax.tree_util.tree_structure(layer.weights),
+    jax.tree_util.tree_leaves(eval_layer.weights),
+  )
   for i in range(q.shape[1]):
-    y, state = layer.pure_fn((q[:, i:i + 1], k, v, mask), weights, state,
-                             jax.random.PRNGKey(0))
+    y, state = layer.pure_fn(
+      (q[:, i : i + 1], k, v, mask), weights, state, jax.random.PRNGKey(0)
+    )
     assert _relative_error(y[0][:, 0], full[:, i]) < RTOL
 
 
 @pytest.mark.parametrize('name', ('reference',) + FAST)
-@pytest.mark.parametrize('dtype,scale', [(jnp.float32, 1e4),
-                                         (jnp.bfloat16, 1.0)])
+@pytest.mark.parametrize(
+  'dtype,scale', [(jnp.float32, 1e4), (jnp.bfloat16, 1.0)]
+)
 def test_large_and_bf16_inputs_stay_finite(name, dtype, scale):
   n_heads, (q, k, v, mask) = _case('padding')
   q, k, v = (x.astype(dtype) * scale for x in (q, k, v))
-  f = (lambda *a: reference_math.dot_product_attention(*a, mask, n_heads)[0]
-       ) if name == 'reference' else (
-           lambda *a: _implementation(name)(*a, mask, n_heads))
+  f = (
+    (lambda *a: reference_math.dot_product_attention(*a, mask, n_heads)[0])
+    if name == 'reference'
+    else (lambda *a: _implementation(name)(*a, mask, n_heads))
+  )
   out = f(q, k, v)
-  grads = jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32)),
-                   argnums=(0, 1, 2))(q, k, v)
+  grads = jax.grad(
+    lambda *a: jnp.sum(f(*a).astype(jnp.float32)), argnums=(0, 1, 2)
+  )(q, k, v)
   assert np.all(np.isfinite(np.asarray(out, np.float32)))
   for g in grads:
     assert np.all(np.isfinite(np.asarray(g, np.float32)))
 
 
 def test_unknown_implementation():
-  with pytest.raises(ValueError, match=r"implementation must be one of .*'chunked'.*got 'flash'"):
+  with pytest.raises(
+    ValueError, match=r"implementation must be one of .*'chunked'.*got 'flash'"
+  ):
     trax_qkv.AttentionQKV(16, implementation='flash')
 
 
@@ -338,33 +394,47 @@ def test_key_block_projection_matches_reference(case, monkeypatch):
   n_heads, (q, k, v, mask) = _case(case)
   k, v = k[..., :12], v[..., :12]  # K/V inputs of another width than Q
   reference = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='eval')
-  fast = trax_qkv.AttentionQKV(16, n_heads=n_heads, mode='eval',
-                               implementation='chunked')
-  assert isinstance(fast.sublayers[1], attention_layers.KeyBlockProjectedAttention)
+  fast = trax_qkv.AttentionQKV(
+    16, n_heads=n_heads, mode='eval', implementation='chunked'
+  )
+  assert isinstance(
+    fast.sublayers[1], attention_layers.KeyBlockProjectedAttention
+  )
   rng = jax.random.PRNGKey(0)
   x = (q, k, v, mask)
   weights, state = reference.init(shapes.signature(x), rng=rng)
   y_ref = reference.pure_fn(x, weights, state, rng)[0][0]
   y_fast = fast.pure_fn(x, weights, state, rng)[0][0]
   assert _relative_error(y_fast, y_ref) < RTOL
-  _assert_gradients_close(_layer_gradients(fast, weights, state, x, rng),
-                          _layer_gradients(reference, weights, state, x, rng))
+  _assert_gradients_close(
+    _layer_gradients(fast, weights, state, x, rng),
+    _layer_gradients(reference, weights, state, x, rng),
+  )
 
 
 def test_auto_projects_key_blocks_only_for_long_keys():
-  layer = trax_qkv.AttentionQKV(16, n_heads=4, mode='eval',
-                                implementation='auto')
+  layer = trax_qkv.AttentionQKV(
+    16, n_heads=4, mode='eval', implementation='auto'
+  )
   attention = layer.sublayers[1].sublayers[1]
   q = jnp.zeros((1, 8, 16))
   assert attention.implementation_for(q, jnp.zeros((1, 4096, 16))) == 'chunked'
   assert attention.implementation_for(q, jnp.zeros((1, 64, 16))) == (
-      'reference')  # small: all logits in one 'fused' step
-  assert attention.implementation_for(
-      jnp.zeros((1, 1024, 16)), jnp.zeros((1, 1024, 16))) == 'fused'
-  for mode, kwargs in (('eval', dict(q_sparsity='noop')),
-                       ('predict', dict(cache_KV_in_predict=True))):
-    plain = trax_qkv.AttentionQKV(16, n_heads=4, mode=mode,
-                                  implementation='chunked', **kwargs)
+    'reference'
+  )  # small: all logits in one 'fused' step
+  assert (
+    attention.implementation_for(
+      jnp.zeros((1, 1024, 16)), jnp.zeros((1, 1024, 16))
+    )
+    == 'fused'
+  )
+  for mode, kwargs in (
+    ('eval', dict(q_sparsity='noop')),
+    ('predict', dict(cache_KV_in_predict=True)),
+  ):
+    plain = trax_qkv.AttentionQKV(
+      16, n_heads=4, mode=mode, implementation='chunked', **kwargs
+    )
     assert type(plain.sublayers[1]).__name__ == 'Serial'
 
 
@@ -376,23 +446,44 @@ def test_chunked_dropout_gradient_matches_autodiff(projected, monkeypatch):
   projection weights."""
   n_heads, (q, k, v, mask) = _case('lq_ne_lk')
   keys = jax.random.split(jax.random.PRNGKey(6), 4)
-  kv_params = tuple((jax.random.normal(keys[i], (16, 16)) * 0.3,
-                     jax.random.normal(keys[i + 2], (16,)))
-                    for i in range(2)) if projected else ()
+  kv_params = (
+    tuple(
+      (
+        jax.random.normal(keys[i], (16, 16)) * 0.3,
+        jax.random.normal(keys[i + 2], (16,)),
+      )
+      for i in range(2)
+    )
+    if projected
+    else ()
+  )
   project_kv = attention_layers.dense_kv_projection if projected else None
   cotangent = jax.random.normal(jax.random.PRNGKey(5), q.shape)
 
   def gradients():
     def loss(q, k, v, kv_params):
       out = chunked.chunked_attention(
-          q, k, v, mask, n_heads, 0.3, jax.random.PRNGKey(4), block_size=4,
-          project_kv=project_kv, kv_params=kv_params)
+        q,
+        k,
+        v,
+        mask,
+        n_heads,
+        0.3,
+        jax.random.PRNGKey(4),
+        block_size=4,
+        project_kv=project_kv,
+        kv_params=kv_params,
+      )
       return jnp.sum(out * cotangent)
+
     return jax.tree_util.tree_leaves(
-        jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, kv_params))
+      jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, kv_params)
+    )
+
   custom = gradients()
-  monkeypatch.setattr(chunked, '_chunked_core',
-                      lambda *args: chunked._chunked_forward(*args)[0])  # pylint: disable=protected-access
+  monkeypatch.setattr(
+    chunked, '_chunked_core', lambda *args: chunked._chunked_forward(*args)[0]
+  )
   autodiff = gradients()
   assert len(custom) == (7 if projected else 3)
   _assert_gradients_close(custom, autodiff)

@@ -4,14 +4,13 @@ import importlib
 import pkgutil
 
 import gin
+from helpers import qkv_inputs
 import jax.numpy as jnp
 import pytest
-import trax  # pylint: disable=unused-import  (registers trax.models in gin)
+import trax
 from trax import shapes
 
 import trax_qkv
-from helpers import qkv_inputs
-
 
 
 @gin.configurable
@@ -28,7 +27,7 @@ def test_gin_config_builds_plugin_layer():
       trax_qkv.QkvAttentionQKV.dropout = 0.1
   """)
   layer = layer_holder()(mode='train')
-  assert layer.sublayers[1].sublayers[1]._dropout == 0.1  # pylint: disable=protected-access
+  assert layer.sublayers[1].sublayers[1]._dropout == 0.1
   x = qkv_inputs()
   layer.init(shapes.signature(x))
   y, _ = layer(x)
@@ -43,8 +42,7 @@ def test_mode_is_denylisted_like_trax():
 def _import_all(package):
   """Imports every module of `package` that imports (not its tests), so that
   every gin configurable it registers is registered."""
-  for module in pkgutil.walk_packages(package.__path__,
-                                      package.__name__ + '.'):
+  for module in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):
     if not module.name.endswith('_test'):
       try:
         importlib.import_module(module.name)
@@ -55,7 +53,7 @@ def _import_all(package):
 def _short_names():
   """{short name: [complete selectors]} of every registered configurable."""
   names = {}
-  for selector in gin.config._REGISTRY._selector_map:  # pylint: disable=protected-access
+  for selector in gin.config._REGISTRY._selector_map:
     names.setdefault(selector.split('.')[-1], []).append(selector)
   return names
 
@@ -65,12 +63,15 @@ def test_no_configurable_of_ours_shares_a_short_name_with_trax():
   # of ours named like one of Trax's would make the Trax config ambiguous.
   _import_all(trax)
   _import_all(trax_qkv)
-  ours = [s for s in gin.config._REGISTRY._selector_map  # pylint: disable=protected-access
-          if s.startswith('trax_qkv.')]
+  ours = [
+    s for s in gin.config._REGISTRY._selector_map if s.startswith('trax_qkv.')
+  ]
   assert 'trax_qkv.QkvCausalAttention' in ours
-  shared = {short: selectors for short, selectors in _short_names().items()
-            if len(selectors) > 1
-            and any(s.startswith('trax_qkv.') for s in selectors)}
+  shared = {
+    short: selectors
+    for short, selectors in _short_names().items()
+    if len(selectors) > 1 and any(s.startswith('trax_qkv.') for s in selectors)
+  }
   assert not shared
 
 
@@ -85,7 +86,8 @@ def test_trax_configs_keep_parsing_after_import():
     if len(theirs) == 1 and theirs[0].startswith('trax.'):
       names.append(short)
   assert {'Attention', 'CausalAttention', 'DotProductCausalAttention'} <= set(
-      names)
+    names
+  )
   for short in names:
     gin.parse_config(f'layer_holder.layer = @{short}')
   # As in Trax's lm1b, c4 and reformer configs.
@@ -104,14 +106,24 @@ def test_trax_configs_keep_parsing_after_import():
 
 # Bad input: one test each, each naming the parameter and expected form.
 
+
 def test_d_feature_not_divisible_by_n_heads():
-  with pytest.raises(ValueError, match=r'd_feature \(10\).*divisible.*n_heads \(4\)'):
+  with pytest.raises(
+    ValueError, match=r'd_feature \(10\).*divisible.*n_heads \(4\)'
+  ):
     trax_qkv.AttentionQKV(10, n_heads=4)
 
 
-@pytest.mark.parametrize('n_heads,error', [(0, ValueError), (-2, ValueError),
-                                           (2.0, TypeError), ('4', TypeError),
-                                           (True, TypeError)])
+@pytest.mark.parametrize(
+  'n_heads,error',
+  [
+    (0, ValueError),
+    (-2, ValueError),
+    (2.0, TypeError),
+    ('4', TypeError),
+    (True, TypeError),
+  ],
+)
 def test_bad_n_heads(n_heads, error):
   with pytest.raises(error, match='n_heads must be a positive int'):
     trax_qkv.AttentionQKV(16, n_heads=n_heads)
@@ -119,8 +131,15 @@ def test_bad_n_heads(n_heads, error):
     trax_qkv.PureAttention(n_heads=n_heads)
 
 
-@pytest.mark.parametrize('dropout,error', [(1.0, ValueError), (-0.1, ValueError),
-                                           (1.5, ValueError), ('0.1', TypeError)])
+@pytest.mark.parametrize(
+  'dropout,error',
+  [
+    (1.0, ValueError),
+    (-0.1, ValueError),
+    (1.5, ValueError),
+    ('0.1', TypeError),
+  ],
+)
 def test_bad_dropout(dropout, error):
   with pytest.raises(error, match=r'dropout must be .*\[0, 1\)'):
     trax_qkv.AttentionQKV(16, dropout=dropout)
@@ -129,7 +148,9 @@ def test_bad_dropout(dropout, error):
 
 
 def test_unknown_mode():
-  with pytest.raises(ValueError, match="mode must be one of .*'predict'.*'tran'"):
+  with pytest.raises(
+    ValueError, match="mode must be one of .*'predict'.*'tran'"
+  ):
     trax_qkv.AttentionQKV(16, mode='tran')
 
 
@@ -159,27 +180,36 @@ def test_key_and_value_lengths_differ():
 
 def test_feature_sizes_dont_match():
   q, k, v, mask = qkv_inputs()
-  with pytest.raises(ValueError, match='Q and K must have the same feature size'):
+  with pytest.raises(
+    ValueError, match='Q and K must have the same feature size'
+  ):
     _init_error((q, k[..., :8], v, mask), trax_qkv.PureAttention(n_heads=4))
   with pytest.raises(ValueError, match=r'V feature size \(6\).*n_heads \(4\)'):
     _init_error((q, k, v[..., :6], mask), trax_qkv.PureAttention(n_heads=4))
 
 
-@pytest.mark.parametrize('shape', [(2, 7), (2, 1, 1, 6), (2, 2, 1, 7),
-                                   (3, 1, 1, 7), (2, 1, 4, 7)])
+@pytest.mark.parametrize(
+  'shape', [(2, 7), (2, 1, 1, 6), (2, 2, 1, 7), (3, 1, 1, 7), (2, 1, 4, 7)]
+)
 def test_mask_not_broadcastable(shape):
   q, k, v, _ = qkv_inputs()
-  with pytest.raises(ValueError, match=r'mask must be broadcastable to \(batch, 1, Lq, Lk\)'):
+  with pytest.raises(
+    ValueError, match=r'mask must be broadcastable to \(batch, 1, Lq, Lk\)'
+  ):
     _init_error((q, k, v, jnp.ones(shape, bool)))
 
 
 def test_integer_inputs():
   q, k, v, mask = qkv_inputs()
-  with pytest.raises(TypeError, match='Q must be a floating-point array.*int32'):
+  with pytest.raises(
+    TypeError, match='Q must be a floating-point array.*int32'
+  ):
     _init_error((q.astype(jnp.int32), k, v, mask))
 
 
 def test_wrong_rank():
   q, k, v, mask = qkv_inputs()
-  with pytest.raises(ValueError, match=r'K must have shape \(batch, length, features\)'):
+  with pytest.raises(
+    ValueError, match=r'K must have shape \(batch, length, features\)'
+  ):
     _init_error((q, k[0], v, mask))

@@ -3,6 +3,8 @@
 import os
 import tempfile
 
+from helpers import assert_trees_equal
+from helpers import qkv_inputs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,19 +13,18 @@ from trax import layers as tl
 from trax import shapes
 
 import trax_qkv
-from helpers import assert_trees_equal, qkv_inputs
 
 RNG = jax.random.PRNGKey(42)
 FORWARD_RNG = jax.random.PRNGKey(7)
 
 CASES = {
-    'padding': dict(),
-    'one_head': dict(n_heads=1),
-    'batch1': dict(batch=1, pad_from=None),
-    'lq_gt_lk': dict(lq=9, lk=3, pad_from=2),
-    'partial_rows': dict(mask_shape='partial_rows'),
-    'many_heads': dict(n_heads=16, d=32),
-    'kv_features_differ': dict(d_k=12, d_v=20),
+  'padding': dict(),
+  'one_head': dict(n_heads=1),
+  'batch1': dict(batch=1, pad_from=None),
+  'lq_gt_lk': dict(lq=9, lk=3, pad_from=2),
+  'partial_rows': dict(mask_shape='partial_rows'),
+  'many_heads': dict(n_heads=16, d=32),
+  'kv_features_differ': dict(d_k=12, d_v=20),
 }
 
 
@@ -35,8 +36,10 @@ def _case(name):
 
 
 def _pair(d, n_heads, **kw):
-  return (tl.AttentionQKV(d, n_heads=n_heads, **kw),
-          trax_qkv.AttentionQKV(d, n_heads=n_heads, **kw))
+  return (
+    tl.AttentionQKV(d, n_heads=n_heads, **kw),
+    trax_qkv.AttentionQKV(d, n_heads=n_heads, **kw),
+  )
 
 
 def _init(layer, x):
@@ -55,9 +58,18 @@ def test_init_weights_identical(case):
 
 
 @pytest.mark.parametrize('case', sorted(CASES))
-@pytest.mark.parametrize('mode,dropout', [
-    ('eval', 0.0), ('train', 0.0), ('train', 0.1), ('train', 0.3),
-    ('predict', 0.0), ('viz', 0.0), ('viz', 0.2)])
+@pytest.mark.parametrize(
+  'mode,dropout',
+  [
+    ('eval', 0.0),
+    ('train', 0.0),
+    ('train', 0.1),
+    ('train', 0.3),
+    ('predict', 0.0),
+    ('viz', 0.0),
+    ('viz', 0.2),
+  ],
+)
 def test_forward_and_state_identical(case, mode, dropout):
   n_heads, d, x = _case(case)
   builtin, plugin = _pair(d, n_heads, dropout=dropout, mode=mode)
@@ -96,6 +108,7 @@ def test_gradients_identical(case, dropout):
     def f(weights, q, k, v):
       y, _ = layer.pure_fn((q, k, v, mask), weights, s, FORWARD_RNG)
       return jnp.sum(y[0] * jnp.arange(y[0].size).reshape(y[0].shape) / 100)
+
     return jax.grad(f, argnums=(0, 1, 2, 3))
 
   assert_trees_equal(loss(builtin)(w, q, k, v), loss(plugin)(w, q, k, v))
@@ -108,29 +121,40 @@ def test_pure_attention_identical_in_every_mode():
     plugin = trax_qkv.PureAttention(n_heads=4, dropout=dropout, mode=mode)
     w, s = builtin.init(shapes.signature(x), rng=RNG)
     assert_trees_equal((w, s), plugin.init(shapes.signature(x), rng=RNG))
-    assert_trees_equal(builtin.pure_fn(x, w, s, FORWARD_RNG),
-                       plugin.pure_fn(x, w, s, FORWARD_RNG))
+    assert_trees_equal(
+      builtin.pure_fn(x, w, s, FORWARD_RNG),
+      plugin.pure_fn(x, w, s, FORWARD_RNG),
+    )
 
 
-@pytest.mark.parametrize('q_sparsity,result_sparsity',
-                         [('noop', None), (None, 'noop'), (4, 4)])
+@pytest.mark.parametrize(
+  'q_sparsity,result_sparsity', [('noop', None), (None, 'noop'), (4, 4)]
+)
 def test_sparsity_options_identical(q_sparsity, result_sparsity):
   n_heads, d, x = _case('padding')
-  builtin, plugin = _pair(d, n_heads, q_sparsity=q_sparsity,
-                          result_sparsity=result_sparsity, mode='eval')
+  builtin, plugin = _pair(
+    d,
+    n_heads,
+    q_sparsity=q_sparsity,
+    result_sparsity=result_sparsity,
+    mode='eval',
+  )
   w, s = _init(builtin, x)
   assert_trees_equal((w, s), _init(plugin, x))
-  assert_trees_equal(builtin.pure_fn(x, w, s, FORWARD_RNG),
-                     plugin.pure_fn(x, w, s, FORWARD_RNG))
+  assert_trees_equal(
+    builtin.pure_fn(x, w, s, FORWARD_RNG), plugin.pure_fn(x, w, s, FORWARD_RNG)
+  )
 
 
 def test_predict_with_kv_cache_matches_eval_and_reuses_cache():
   n_heads, d, x = _case('padding')
   q, k, v, mask = x
-  layer = trax_qkv.AttentionQKV(d, n_heads=n_heads, mode='predict',
-                                cache_KV_in_predict=True)
-  builtin = tl.AttentionQKV(d, n_heads=n_heads, mode='predict',
-                            cache_KV_in_predict=True)
+  layer = trax_qkv.AttentionQKV(
+    d, n_heads=n_heads, mode='predict', cache_KV_in_predict=True
+  )
+  builtin = tl.AttentionQKV(
+    d, n_heads=n_heads, mode='predict', cache_KV_in_predict=True
+  )
   step_sig = shapes.signature((q[:, :1], k, v, mask))
   w, state = layer.init(step_sig, rng=RNG)
   w_builtin, builtin_state = builtin.init(step_sig, rng=RNG)
@@ -140,20 +164,23 @@ def test_predict_with_kv_cache_matches_eval_and_reuses_cache():
   eval_layer = trax_qkv.AttentionQKV(d, n_heads=n_heads, mode='eval')
   eval_layer.init(shapes.signature(x))
   eval_layer.weights = jax.tree_util.tree_unflatten(
-      jax.tree_util.tree_structure(eval_layer.weights),
-      jax.tree_util.tree_leaves(w))
+    jax.tree_util.tree_structure(eval_layer.weights),
+    jax.tree_util.tree_leaves(w),
+  )
   full, _ = eval_layer(x)
   for position in range(q.shape[1]):
     # After the first step K and V come from the cache: feeding garbage
     # instead must not change the result.
     k_in, v_in = (k, v) if position == 0 else (k * 0 + 1e3, v * 0 - 1e3)
-    step = (q[:, position:position + 1], k_in, v_in, mask)
+    step = (q[:, position : position + 1], k_in, v_in, mask)
     y, state = layer.pure_fn(step, w, state, FORWARD_RNG)
-    y_builtin, builtin_state = builtin.pure_fn(step, w, builtin_state,
-                                               FORWARD_RNG)
+    y_builtin, builtin_state = builtin.pure_fn(
+      step, w, builtin_state, FORWARD_RNG
+    )
     assert_trees_equal(y_builtin, y)
-    np.testing.assert_allclose(y[0][:, 0], full[:, position], rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+      y[0][:, 0], full[:, position], rtol=1e-5, atol=1e-6
+    )
   assert_trees_equal(builtin_state, state)
 
 
@@ -162,10 +189,15 @@ def test_checkpoints_move_both_ways():
   sig = shapes.signature(x)
   with tempfile.TemporaryDirectory() as tmp:
     for source, target in [
-        (tl.AttentionQKV(d, n_heads=n_heads, mode='eval'),
-         trax_qkv.AttentionQKV(d, n_heads=n_heads, mode='eval')),
-        (trax_qkv.AttentionQKV(d, n_heads=n_heads, mode='eval'),
-         tl.AttentionQKV(d, n_heads=n_heads, mode='eval'))]:
+      (
+        tl.AttentionQKV(d, n_heads=n_heads, mode='eval'),
+        trax_qkv.AttentionQKV(d, n_heads=n_heads, mode='eval'),
+      ),
+      (
+        trax_qkv.AttentionQKV(d, n_heads=n_heads, mode='eval'),
+        tl.AttentionQKV(d, n_heads=n_heads, mode='eval'),
+      ),
+    ]:
       source.init(sig, rng=jax.random.PRNGKey(3))
       path = os.path.join(tmp, 'layer.pkl.gz')
       source.save_to_file(path, input_signature=sig)
@@ -179,8 +211,9 @@ def test_runs_under_jit_and_accelerate():
   builtin, plugin = _pair(d, n_heads, mode='eval')
   w, s = _init(builtin, x)
   jitted = jax.jit(lambda x, w, s: plugin.pure_fn(x, w, s, FORWARD_RNG))
-  assert_trees_equal(builtin.pure_fn(x, w, s, FORWARD_RNG)[0],
-                     jitted(x, w, s)[0])
+  assert_trees_equal(
+    builtin.pure_fn(x, w, s, FORWARD_RNG)[0], jitted(x, w, s)[0]
+  )
   # Accelerate jits the whole layer and splits the batch over devices.
   plugin.init(shapes.signature(x), rng=RNG)
   accelerated = tl.Accelerate(plugin)

@@ -1,13 +1,15 @@
 """Property-based parity with trax.layers.AttentionQKV (hypothesis)."""
 
+from helpers import assert_trees_equal
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 import jax
 import numpy as np
-from hypothesis import given, settings, strategies as st
 from trax import layers as tl
 from trax import shapes
 
 import trax_qkv
-from helpers import assert_trees_equal
 
 
 @st.composite
@@ -38,8 +40,9 @@ def test_plugin_equals_builtin(problem):
   rng = jax.random.PRNGKey(seed)
   w, s = builtin.init(shapes.signature(x), rng=rng)
   assert_trees_equal((w, s), plugin.init(shapes.signature(x), rng=rng))
-  assert_trees_equal(builtin.pure_fn(x, w, s, rng),
-                     plugin.pure_fn(x, w, s, rng))
+  assert_trees_equal(
+    builtin.pure_fn(x, w, s, rng), plugin.pure_fn(x, w, s, rng)
+  )
 
 
 @settings(max_examples=20, deadline=None)
@@ -47,11 +50,13 @@ def test_plugin_equals_builtin(problem):
 def test_fast_paths_match_builtin(problem, implementation):
   n_heads, d_feature, _, _, seed, x = problem
   builtin = tl.AttentionQKV(d_feature, n_heads=n_heads, mode='eval')
-  fast = trax_qkv.AttentionQKV(d_feature, n_heads=n_heads, mode='eval',
-                               implementation=implementation)
+  fast = trax_qkv.AttentionQKV(
+    d_feature, n_heads=n_heads, mode='eval', implementation=implementation
+  )
   rng = jax.random.PRNGKey(seed)
   w, s = builtin.init(shapes.signature(x), rng=rng)
   expected = builtin.pure_fn(x, w, s, rng)[0][0]
   got = fast.pure_fn(x, w, s, rng)[0][0]
-  np.testing.assert_allclose(got, expected, rtol=1e-5,
-                             atol=1e-5 * float(np.abs(expected).max() + 1))
+  np.testing.assert_allclose(
+    got, expected, rtol=1e-5, atol=1e-5 * float(np.abs(expected).max() + 1)
+  )

@@ -7,6 +7,7 @@ import tempfile
 import unittest
 
 import gin
+from helpers import assert_trees_equal
 import hypothesis
 import hypothesis.strategies as st
 import jax
@@ -18,7 +19,6 @@ from trax import shapes
 from trax.models import transformer_test as trax_transformer_test
 
 import trax_qkv
-from helpers import assert_trees_equal
 
 RNG = jax.random.PRNGKey(3)
 FORWARD_RNG = jax.random.PRNGKey(11)
@@ -32,7 +32,7 @@ def _x(batch=2, length=7, d=16, seed=0):
 
 def _padding_mask(batch, length):
   mask = np.ones((batch, 1, 1, length), dtype=bool)
-  mask[-1, ..., length - 2:] = False
+  mask[-1, ..., length - 2 :] = False
   return mask
 
 
@@ -56,8 +56,10 @@ def _assert_pair_identical(builtin, ours, inputs, loss_of_output=None):
     return state_o
 
   def grads(layer, weights, state):
-    return jax.grad(lambda w: loss_of_output(
-        layer.pure_fn(inputs, w, state, FORWARD_RNG)[0]))(weights)
+    return jax.grad(
+      lambda w: loss_of_output(layer.pure_fn(inputs, w, state, FORWARD_RNG)[0])
+    )(weights)
+
   assert_trees_equal(grads(builtin, w_b, s_b), grads(ours, w_o, s_o))
   return state_o
 
@@ -75,16 +77,24 @@ def _loss(outputs):
 def test_attention_identical(mode):
   x = _x()
   kw = dict(n_heads=4, dropout=0.2, mode=mode)
-  _assert_pair_identical(tl.Attention(16, **kw), trax_qkv.Attention(16, **kw),
-                         (x, _padding_mask(2, 7)), _loss)
+  _assert_pair_identical(
+    tl.Attention(16, **kw),
+    trax_qkv.Attention(16, **kw),
+    (x, _padding_mask(2, 7)),
+    _loss,
+  )
 
 
 @pytest.mark.parametrize('mode', ['train', 'eval', 'viz'])
 @pytest.mark.parametrize('use_dconv', [False, True])
 def test_causal_attention_identical(mode, use_dconv):
   kw = dict(n_heads=4, dropout=0.2, mode=mode, use_dconv=use_dconv)
-  _assert_pair_identical(tl.CausalAttention(16, **kw),
-                         trax_qkv.CausalAttention(16, **kw), _x(), _loss)
+  _assert_pair_identical(
+    tl.CausalAttention(16, **kw),
+    trax_qkv.CausalAttention(16, **kw),
+    _x(),
+    _loss,
+  )
 
 
 def test_dot_product_causal_attention_identical_and_viz_state():
@@ -100,22 +110,28 @@ def test_dot_product_causal_attention_identical_and_viz_state():
 
 
 @hypothesis.settings(max_examples=8, deadline=None)
-@hypothesis.given(batch=st.integers(1, 3), length=st.integers(1, 12),
-                  n_heads=st.sampled_from([1, 2, 4]),
-                  dropout=st.sampled_from([0.0, 0.25]))
-def test_causal_attention_identical_over_shapes(batch, length, n_heads,
-                                                dropout):
+@hypothesis.given(
+  batch=st.integers(1, 3),
+  length=st.integers(1, 12),
+  n_heads=st.sampled_from([1, 2, 4]),
+  dropout=st.sampled_from([0.0, 0.25]),
+)
+def test_causal_attention_identical_over_shapes(
+  batch, length, n_heads, dropout
+):
   kw = dict(n_heads=n_heads, dropout=dropout, mode='train')
-  _assert_pair_identical(tl.CausalAttention(8, **kw),
-                         trax_qkv.CausalAttention(8, **kw),
-                         _x(batch, length, 8, seed=length))
+  _assert_pair_identical(
+    tl.CausalAttention(8, **kw),
+    trax_qkv.CausalAttention(8, **kw),
+    _x(batch, length, 8, seed=length),
+  )
 
 
 def _predict_step_by_step(layer, x, weights):
   """Feeds x one position at a time; returns outputs and the final state."""
   layer.init(shapes.signature(x[:, :1]), rng=RNG)
   layer.weights = weights
-  outputs = [layer(x[:, i:i + 1], rng=FORWARD_RNG) for i in range(x.shape[1])]
+  outputs = [layer(x[:, i : i + 1], rng=FORWARD_RNG) for i in range(x.shape[1])]
   return np.concatenate(outputs, axis=1), layer.state
 
 
@@ -126,9 +142,11 @@ def test_causal_attention_predict_cache_identical_and_equal_to_eval():
   weights, _ = eval_layer.init(shapes.signature(x), rng=RNG)
   expected = eval_layer(x)
   out_b, state_b = _predict_step_by_step(
-      tl.CausalAttention(16, mode='predict', **kw), x, weights)
+    tl.CausalAttention(16, mode='predict', **kw), x, weights
+  )
   out_o, state_o = _predict_step_by_step(
-      trax_qkv.CausalAttention(16, mode='predict', **kw), x, weights)
+    trax_qkv.CausalAttention(16, mode='predict', **kw), x, weights
+  )
   assert_trees_equal(out_b, out_o)
   assert_trees_equal(state_b, state_o)  # key/value buffers and position
   np.testing.assert_allclose(out_o, expected, atol=1e-5)
@@ -138,28 +156,33 @@ def test_causal_attention_predict_cache_identical_and_equal_to_eval():
   chunked.weights = weights
   first, rest = chunked(x[:, :4]), []
   for i in range(4, 9):
-    rest.append(chunked(x[:, i:i + 1]))
-  np.testing.assert_allclose(np.concatenate([first] + rest, axis=1),
-                             expected, atol=1e-5)
+    rest.append(chunked(x[:, i : i + 1]))
+  np.testing.assert_allclose(
+    np.concatenate([first] + rest, axis=1), expected, atol=1e-5
+  )
 
 
 @pytest.mark.parametrize('implementation', ['fused', 'chunked', 'auto'])
 def test_causal_fast_paths_close_to_reference(implementation):
   x = _x(2, 33, 16)
   reference = trax_qkv.CausalAttention(16, n_heads=4, mode='eval')
-  fast = trax_qkv.CausalAttention(16, n_heads=4, mode='eval',
-                                  implementation=implementation)
+  fast = trax_qkv.CausalAttention(
+    16, n_heads=4, mode='eval', implementation=implementation
+  )
   weights, state = reference.init(shapes.signature(x), rng=RNG)
   fast.init(shapes.signature(x), rng=RNG)
 
   def run(layer):
     return jax.value_and_grad(
-        lambda w, x: _loss(layer.pure_fn(x, w, state, FORWARD_RNG)[0]),
-        argnums=(0, 1))(weights, x)
+      lambda w, x: _loss(layer.pure_fn(x, w, state, FORWARD_RNG)[0]),
+      argnums=(0, 1),
+    )(weights, x)
+
   (loss_r, grads_r), (loss_f, grads_f) = run(reference), run(fast)
   np.testing.assert_allclose(loss_f, loss_r, rtol=1e-5)
-  for g_f, g_r in zip(jax.tree_util.tree_leaves(grads_f),
-                      jax.tree_util.tree_leaves(grads_r)):
+  for g_f, g_r in zip(
+    jax.tree_util.tree_leaves(grads_f), jax.tree_util.tree_leaves(grads_r)
+  ):
     np.testing.assert_allclose(g_f, g_r, atol=1e-5)
 
 
@@ -168,16 +191,24 @@ def test_causal_fast_paths_in_predict_mode(implementation):
   x = _x(2, 9, 16)
   kw = dict(n_heads=4, max_inference_length=40)
   weights, _ = tl.CausalAttention(16, mode='eval', **kw).init(
-      shapes.signature(x), rng=RNG)
+    shapes.signature(x), rng=RNG
+  )
   out_r, state_r = _predict_step_by_step(
-      trax_qkv.CausalAttention(16, mode='predict', **kw), x, weights)
+    trax_qkv.CausalAttention(16, mode='predict', **kw), x, weights
+  )
   out_f, state_f = _predict_step_by_step(
-      trax_qkv.CausalAttention(16, mode='predict',
-                               implementation=implementation, **kw),
-      x, weights)
+    trax_qkv.CausalAttention(
+      16, mode='predict', implementation=implementation, **kw
+    ),
+    x,
+    weights,
+  )
   np.testing.assert_allclose(out_f, out_r, atol=1e-5)
-  np.testing.assert_allclose(jax.tree_util.tree_leaves(state_f)[0],
-                             jax.tree_util.tree_leaves(state_r)[0], atol=1e-5)
+  np.testing.assert_allclose(
+    jax.tree_util.tree_leaves(state_f)[0],
+    jax.tree_util.tree_leaves(state_r)[0],
+    atol=1e-5,
+  )
   assert int(jax.tree_util.tree_leaves(state_f)[-1]) == 9
 
 
@@ -196,10 +227,15 @@ def test_bad_inputs_raise_before_any_work():
 
 # -- every site of trax.models -------------------------------------------------
 
-LM = dict(vocab_size=30, d_model=16, d_ff=32, n_layers=2, n_heads=4,
-          max_len=32)
-TRANSFORMER = dict(d_model=16, d_ff=32, n_encoder_layers=2,
-                   n_decoder_layers=2, n_heads=4, max_len=32)
+LM = dict(vocab_size=30, d_model=16, d_ff=32, n_layers=2, n_heads=4, max_len=32)
+TRANSFORMER = dict(
+  d_model=16,
+  d_ff=32,
+  n_encoder_layers=2,
+  n_decoder_layers=2,
+  n_heads=4,
+  max_len=32,
+)
 
 
 def _plugin_layer_names(model):
@@ -210,32 +246,38 @@ def _plugin_layer_names(model):
       found.append(type(layer).__name__)
     for sub in layer.sublayers:
       walk(sub)
+
   walk(model)
   return sorted(set(found))
 
 
 def test_importing_the_package_changes_no_model():
-  for model in (trax.models.TransformerLM(mode='eval', **LM),
-                trax.models.Transformer(30, mode='eval', **TRANSFORMER)):
+  for model in (
+    trax.models.TransformerLM(mode='eval', **LM),
+    trax.models.Transformer(30, mode='eval', **TRANSFORMER),
+  ):
     assert _plugin_layer_names(model) == []
 
 
 def test_use_attention_selects_each_site_alone():
   with trax_qkv.use_attention(causal_attention='reference'):
     lm = trax.models.TransformerLM(mode='eval', **LM)
-    encoder = trax.models.TransformerEncoder(30, mode='eval', d_model=16,
-                                             d_ff=32, n_layers=1, n_heads=4)
+    encoder = trax.models.TransformerEncoder(
+      30, mode='eval', d_model=16, d_ff=32, n_layers=1, n_heads=4
+    )
   assert _plugin_layer_names(lm) == ['DotProductCausalAttention']
   assert _plugin_layer_names(encoder) == []
   with trax_qkv.use_attention(self_attention='reference'):
-    encoder = trax.models.TransformerEncoder(30, mode='eval', d_model=16,
-                                             d_ff=32, n_layers=1, n_heads=4)
+    encoder = trax.models.TransformerEncoder(
+      30, mode='eval', d_model=16, d_ff=32, n_layers=1, n_heads=4
+    )
     with trax_qkv.use_attention(cross_attention='reference'):
       model = trax.models.Transformer(30, mode='eval', **TRANSFORMER)
   assert _plugin_layer_names(encoder) == ['CheckedSerial', 'PureAttention']
   # The inner block keeps the outer block's self-attention choice.
   assert _count_ours(model, 'PureAttention') == (
-      TRANSFORMER['n_encoder_layers'] + TRANSFORMER['n_decoder_layers'])
+    TRANSFORMER['n_encoder_layers'] + TRANSFORMER['n_decoder_layers']
+  )
   assert _plugin_layer_names(trax.models.TransformerLM(mode='eval', **LM)) == []
 
 
@@ -246,9 +288,11 @@ def _walk(layer):
 
 
 def _count_ours(model, name):
-  return sum(type(l).__name__ == name
-             and type(l).__module__.startswith('trax_qkv')
-             for l in _walk(model))
+  return sum(
+    type(layer).__name__ == name
+    and type(layer).__module__.startswith('trax_qkv')
+    for layer in _walk(model)
+  )
 
 
 def test_each_site_takes_a_registered_or_passed_layer_factory():
@@ -257,30 +301,39 @@ def test_each_site_takes_a_registered_or_passed_layer_factory():
   def my_causal(d_feature, **kwargs):
     calls.append(kwargs)
     return tl.CausalAttention(d_feature, **kwargs)
+
   with trax_qkv.use_attention(causal_attention=my_causal):
     trax.models.TransformerLM(mode='eval', **LM)
   assert len(calls) == LM['n_layers']
   assert calls[0] == {'n_heads': 4, 'dropout': 0.1, 'mode': 'eval'}
-  trax_qkv.register_attention('self_attention', 'mine',
-                              lambda d, **kw: tl.Attention(d, **kw))
+  trax_qkv.register_attention(
+    'self_attention', 'mine', lambda d, **kw: tl.Attention(d, **kw)
+  )
   assert 'mine' in trax_qkv.attention_implementations('self_attention')
   assert 'mine' not in trax_qkv.attention_implementations('causal_attention')
   with trax_qkv.use_attention(self_attention='mine'):
-    trax.models.TransformerEncoder(30, mode='eval', d_model=16, d_ff=32,
-                                   n_layers=1, n_heads=4)
+    trax.models.TransformerEncoder(
+      30, mode='eval', d_model=16, d_ff=32, n_layers=1, n_heads=4
+    )
   with pytest.raises(ValueError, match='site must be one of'):
     trax_qkv.register_attention('decoder', 'x', tl.Attention)
 
 
 def test_use_attention_rejects_unknown_names_before_building():
-  with pytest.raises(ValueError, match='causal_attention implementation must '
-                     r"be one of \('auto', 'chunked', 'cudnn', 'fused', "
-                     r"'reference', 'trax'\)"):
+  with pytest.raises(
+    ValueError,
+    match='causal_attention implementation must '
+    r"be one of \('auto', 'chunked', 'cudnn', 'fused', "
+    r"'reference', 'trax'\)",
+  ):
     with trax_qkv.use_attention(causal_attention='nope'):
       raise AssertionError('the block must not run')
-  with pytest.raises(ValueError, match=r"site must be one of \('self_attention"
-                     r"', 'causal_attention', 'cross_attention'\); got "
-                     r"'decoder'"):
+  with pytest.raises(
+    ValueError,
+    match=r"site must be one of \('self_attention"
+    r"', 'causal_attention', 'cross_attention'\); got "
+    r"'decoder'",
+  ):
     with trax_qkv.use_attention(decoder='auto'):
       raise AssertionError('the block must not run')
 
@@ -314,32 +367,46 @@ def test_transformer_identical_with_plugin_in_every_site():
   source = rs.randint(1, 30, (2, 9)).astype(np.int32)
   source[0, -3:] = 0
   target = rs.randint(1, 30, (2, 6)).astype(np.int32)
-  builtin = trax.models.Transformer(30, mode='train', dropout=0.1,
-                                    **TRANSFORMER)
+  builtin = trax.models.Transformer(
+    30, mode='train', dropout=0.1, **TRANSFORMER
+  )
   with trax_qkv.use_attention(**EVERY_SITE):
-    ours = trax.models.Transformer(30, mode='train', dropout=0.1,
-                                   **TRANSFORMER)
+    ours = trax.models.Transformer(30, mode='train', dropout=0.1, **TRANSFORMER)
   assert len(_plugin_layer_names(ours)) == 3
   _assert_pair_identical(builtin, ours, (source, target), _loss)
 
 
 MODELS = {
-    'TransformerLM': (lambda mode: trax.models.TransformerLM(mode=mode, **LM),
-                      lambda: np.arange(1, 11, dtype=np.int32).reshape(2, 5)),
-    'TransformerEncoder': (
-        lambda mode: trax.models.TransformerEncoder(
-            30, n_classes=5, d_model=16, d_ff=32, n_layers=2, n_heads=4,
-            max_len=32, mode=mode),
-        lambda: np.array([[3, 4, 5, 0], [6, 7, 8, 9]], np.int32)),
-    'TransformerDecoder': (
-        lambda mode: trax.models.TransformerDecoder(
-            30, d_model=16, d_ff=32, n_layers=2, n_heads=4, max_len=32,
-            mode=mode),
-        lambda: np.arange(1, 11, dtype=np.int32).reshape(2, 5)),
-    'Transformer': (
-        lambda mode: trax.models.Transformer(30, mode=mode, **TRANSFORMER),
-        lambda: (np.array([[3, 4, 5, 0], [6, 7, 8, 9]], np.int32),
-                 np.arange(1, 7, dtype=np.int32).reshape(2, 3))),
+  'TransformerLM': (
+    lambda mode: trax.models.TransformerLM(mode=mode, **LM),
+    lambda: np.arange(1, 11, dtype=np.int32).reshape(2, 5),
+  ),
+  'TransformerEncoder': (
+    lambda mode: trax.models.TransformerEncoder(
+      30,
+      n_classes=5,
+      d_model=16,
+      d_ff=32,
+      n_layers=2,
+      n_heads=4,
+      max_len=32,
+      mode=mode,
+    ),
+    lambda: np.array([[3, 4, 5, 0], [6, 7, 8, 9]], np.int32),
+  ),
+  'TransformerDecoder': (
+    lambda mode: trax.models.TransformerDecoder(
+      30, d_model=16, d_ff=32, n_layers=2, n_heads=4, max_len=32, mode=mode
+    ),
+    lambda: np.arange(1, 11, dtype=np.int32).reshape(2, 5),
+  ),
+  'Transformer': (
+    lambda mode: trax.models.Transformer(30, mode=mode, **TRANSFORMER),
+    lambda: (
+      np.array([[3, 4, 5, 0], [6, 7, 8, 9]], np.int32),
+      np.arange(1, 7, dtype=np.int32).reshape(2, 3),
+    ),
+  ),
 }
 
 
@@ -356,8 +423,9 @@ def test_checkpoints_load_both_ways(name):
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, 'model.pkl.gz')
       source.save_to_file(path)
-      target.init_from_file(path, weights_only=True,
-                            input_signature=shapes.signature(x))
+      target.init_from_file(
+        path, weights_only=True, input_signature=shapes.signature(x)
+      )
     assert_trees_equal(source(x), target(x))
 
 
@@ -369,12 +437,20 @@ def test_trax_lm_checkpoint_decodes_identically_with_plugin_everywhere():
     builtin.save_to_file(path)
 
     def sample(model):
-      model.init_from_file(path, weights_only=True,
-                           input_signature=shapes.ShapeDtype((1, 1),
-                                                             np.int32))
+      model.init_from_file(
+        path,
+        weights_only=True,
+        input_signature=shapes.ShapeDtype((1, 1), np.int32),
+      )
       return trax.supervised.decoding.autoregressive_sample(
-          model, batch_size=1, temperature=0.0, max_length=12, eos_id=-1,
-          start_id=1)
+        model,
+        batch_size=1,
+        temperature=0.0,
+        max_length=12,
+        eos_id=-1,
+        start_id=1,
+      )
+
     expected = sample(trax.models.TransformerLM(mode='predict', **LM))
     with trax_qkv.use_attention(**EVERY_SITE):
       ours = trax.models.TransformerLM(mode='predict', **LM)
@@ -383,7 +459,8 @@ def test_trax_lm_checkpoint_decodes_identically_with_plugin_everywhere():
 
 
 def test_decoding_sizes_the_plugin_causal_cache_too():
-  from trax_qkv.supervised import decoding  # pylint: disable=g-import-not-at-top
+  from trax_qkv.supervised import decoding
+
   model = trax.models.Transformer(30, mode='eval', **TRANSFORMER)
   x = (np.ones((2, 4), np.int32), np.ones((2, 3), np.int32))
   model.init(shapes.signature(x), rng=RNG)
@@ -391,21 +468,27 @@ def test_decoding_sizes_the_plugin_causal_cache_too():
   def model_fn(mode):
     with trax_qkv.use_attention(**EVERY_SITE):
       return trax.models.Transformer(30, mode=mode, **TRANSFORMER)
+
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, 'model.pkl.gz')
     model.save_to_file(path)
     short = decoding.predict_model(model_fn, path, 2, 4, 8)
-  caches = [x.shape[1] for x in jax.tree_util.tree_leaves(short.state)
-            if np.ndim(x) == 3 and x.shape[0] == 2 * TRANSFORMER['n_heads']]
+  caches = [
+    x.shape[1]
+    for x in jax.tree_util.tree_leaves(short.state)
+    if np.ndim(x) == 3 and x.shape[0] == 2 * TRANSFORMER['n_heads']
+  ]
   assert caches and set(caches) == {8}
 
 
 def test_trax_own_transformer_tests_pass_with_plugin_in_every_site():
   suite = unittest.defaultTestLoader.loadTestsFromTestCase(
-      trax_transformer_test.TransformerTest)
+    trax_transformer_test.TransformerTest
+  )
   result = unittest.TestResult()
   with trax_qkv.use_attention(**EVERY_SITE):
     suite.run(result)
   assert result.testsRun >= 3
   assert not result.failures and not result.errors, (
-      result.failures + result.errors)
+    result.failures + result.errors
+  )

@@ -4,10 +4,12 @@ one `kernels.register` call works everywhere a kernel name is taken --
 `use_attention` in every site, and the benchmarks' lists -- with nothing
 else edited."""
 
+from helpers import qkv_inputs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import toy_kernel
 import trax
 from trax import shapes
 
@@ -16,13 +18,18 @@ from trax_qkv import kernels
 from trax_qkv.benchmarks import kernels as kernel_bench
 from trax_qkv.benchmarks import layers as layer_bench
 from trax_qkv.models import registry
-import toy_kernel
-from helpers import qkv_inputs
 
 RTOL = 1e-5
 VOCAB = 40
-TRANSFORMER = dict(d_model=16, d_ff=32, n_encoder_layers=1,
-                   n_decoder_layers=1, n_heads=2, max_len=16, dropout=0.0)
+TRANSFORMER = dict(
+  d_model=16,
+  d_ff=32,
+  n_encoder_layers=1,
+  n_decoder_layers=1,
+  n_heads=2,
+  max_len=16,
+  dropout=0.0,
+)
 
 
 @pytest.fixture
@@ -34,8 +41,9 @@ def toy():
 
 
 def _close(a, b):
-  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b),
-                  strict=True):
+  for x, y in zip(
+    jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True
+  ):
     np.testing.assert_allclose(x, y, rtol=RTOL, atol=1e-6)
 
 
@@ -62,8 +70,10 @@ def test_every_layer_runs_it(toy, implementation):
   theirs = trax.layers.AttentionQKV(16, n_heads=2)
   weights, state = theirs.init(shapes.signature(x), rng=rng)
   ours.init(shapes.signature(x), rng=rng)
-  _close(ours.pure_fn(x, weights, state, rng)[0],
-         theirs.pure_fn(x, weights, state, rng)[0])
+  _close(
+    ours.pure_fn(x, weights, state, rng)[0],
+    theirs.pure_fn(x, weights, state, rng)[0],
+  )
   assert toy['attend'] >= 1
 
   self_x = (x[1], x[3])  # K's 7 positions
@@ -71,25 +81,31 @@ def test_every_layer_runs_it(toy, implementation):
   theirs = trax.layers.Attention(16, n_heads=2)
   weights, state = theirs.init(shapes.signature(self_x), rng=rng)
   ours.init(shapes.signature(self_x), rng=rng)
-  _close(ours.pure_fn(self_x, weights, state, rng)[0],
-         theirs.pure_fn(self_x, weights, state, rng)[0])
+  _close(
+    ours.pure_fn(self_x, weights, state, rng)[0],
+    theirs.pure_fn(self_x, weights, state, rng)[0],
+  )
 
   if implementation == 'toy':  # causal: 'auto''s rule sees L = Lk = 7
     for mode, entry in (('train', 'causal'), ('predict', 'cached')):
-      ours = trax_qkv.CausalAttention(16, n_heads=2, mode=mode,
-                                      implementation='toy')
+      ours = trax_qkv.CausalAttention(
+        16, n_heads=2, mode=mode, implementation='toy'
+      )
       theirs = trax.layers.CausalAttention(16, n_heads=2, mode=mode)
       seq = x[0][:, :1] if mode == 'predict' else x[0]
       weights, state = theirs.init(shapes.signature(seq), rng=rng)
       ours.init(shapes.signature(seq), rng=rng)
-      _close(ours.pure_fn(seq, weights, state, rng)[0],
-             theirs.pure_fn(seq, weights, state, rng)[0])
+      _close(
+        ours.pure_fn(seq, weights, state, rng)[0],
+        theirs.pure_fn(seq, weights, state, rng)[0],
+      )
       assert toy[entry] >= 1
 
 
 def _transformer_outputs(mode='eval'):
-  src = jnp.asarray(np.random.RandomState(0).randint(2, VOCAB, (2, 7)),
-                    jnp.int32)
+  src = jnp.asarray(
+    np.random.RandomState(0).randint(2, VOCAB, (2, 7)), jnp.int32
+  )
   model = trax.models.Transformer(VOCAB, mode=mode, **TRANSFORMER)
   model.init(shapes.signature((src, src)), rng=jax.random.PRNGKey(0))
   return model((src, src))
@@ -105,8 +121,13 @@ def test_use_attention_runs_it_in_every_site(toy):
 
 def test_gin_selects_it_in_every_site(toy):
   import gin
-  gin.parse_config([f"trax_qkv.{site.dispatcher}.implementation = 'toy'"
-                    for site in registry.SITES.values()])
+
+  gin.parse_config(
+    [
+      f"trax_qkv.{site.dispatcher}.implementation = 'toy'"
+      for site in registry.SITES.values()
+    ]
+  )
   got = _transformer_outputs()
   gin.clear_config()
   _close(got, _transformer_outputs())

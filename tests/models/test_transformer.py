@@ -5,6 +5,7 @@ import os
 import tempfile
 
 import gin
+from helpers import assert_trees_equal
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,13 +16,18 @@ from trax import shapes
 from trax.supervised import decoding as trax_decoding
 
 import trax_qkv
-from trax_qkv.supervised import decoding
 from trax_qkv.data import EOS_ID
-from helpers import assert_trees_equal
+from trax_qkv.supervised import decoding
 
 VOCAB = 40
-CONFIG = dict(d_model=32, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
-              n_heads=4, max_len=32)
+CONFIG = dict(
+  d_model=32,
+  d_ff=64,
+  n_encoder_layers=2,
+  n_decoder_layers=2,
+  n_heads=4,
+  max_len=32,
+)
 RNG = jax.random.PRNGKey(0)
 
 
@@ -40,8 +46,7 @@ def _transformer(cross_attention='reference', **kwargs):
 
 
 def _models(mode, dropout=0.0):
-  builtin = trax.models.Transformer(VOCAB, mode=mode, dropout=dropout,
-                                    **CONFIG)
+  builtin = trax.models.Transformer(VOCAB, mode=mode, dropout=dropout, **CONFIG)
   plugin = _transformer(mode=mode, dropout=dropout, **CONFIG)
   return builtin, plugin
 
@@ -53,16 +58,22 @@ def _count(layer, cls_name):
 
 def test_only_cross_attention_is_replaced():
   builtin, plugin = _models('eval')
-  assert not any(type(l).__module__.startswith('trax_qkv')
-                 for l in _walk(builtin))
-  plugin_layers = [l for l in _walk(plugin)
-                   if type(l).__module__.startswith('trax_qkv')]
+  assert not any(
+    type(layer).__module__.startswith('trax_qkv') for layer in _walk(builtin)
+  )
+  plugin_layers = [
+    layer
+    for layer in _walk(plugin)
+    if type(layer).__module__.startswith('trax_qkv')
+  ]
   # One CheckedSerial + one PureAttention per decoder layer; nothing else.
-  assert sorted(type(l).__name__ for l in plugin_layers) == sorted(
-      ['CheckedSerial', 'PureAttention'] * CONFIG['n_decoder_layers'])
+  assert sorted(type(layer).__name__ for layer in plugin_layers) == sorted(
+    ['CheckedSerial', 'PureAttention'] * CONFIG['n_decoder_layers']
+  )
   # Encoder self-attention and decoder causal attention stay Trax's.
   assert _count(plugin, 'DotProductCausalAttention') == _count(
-      builtin, 'DotProductCausalAttention')
+    builtin, 'DotProductCausalAttention'
+  )
 
 
 def _walk(layer):
@@ -84,7 +95,8 @@ def test_logits_and_gradients_identical(mode, dropout):
   def loss(model):
     def f(weights):
       (logits, _), _ = model.pure_fn((src, tgt), weights, s, rng)
-      return (logits ** 2).mean(), logits
+      return (logits**2).mean(), logits
+
     return jax.value_and_grad(f, has_aux=True)(w)
 
   (_, logits_b), grads_b = loss(builtin)
@@ -95,10 +107,10 @@ def test_logits_and_gradients_identical(mode, dropout):
 
 def _eval_and_predict(cross_attention):
   """Trax's eval-vs-predict check, from one set of eval weights."""
-  model_eval = _transformer(cross_attention, mode='eval', dropout=0.0,
-                            **CONFIG)
-  model_predict = _transformer(cross_attention, mode='predict', dropout=0.0,
-                               **CONFIG)
+  model_eval = _transformer(cross_attention, mode='eval', dropout=0.0, **CONFIG)
+  model_predict = _transformer(
+    cross_attention, mode='predict', dropout=0.0, **CONFIG
+  )
   src, tgt = _tokens()
   model_eval.init(shapes.signature((src, tgt)), rng=RNG)
   logits_eval, _ = model_eval((src, tgt))
@@ -106,18 +118,20 @@ def _eval_and_predict(cross_attention):
     path = os.path.join(tmp, 'model.pkl.gz')
     model_eval.save_to_file(path)
     model_predict.init_from_file(
-        path, weights_only=True,
-        input_signature=shapes.signature((src, tgt[:, :1])))
+      path,
+      weights_only=True,
+      input_signature=shapes.signature((src, tgt[:, :1])),
+    )
   shifted = np.pad(tgt, ((0, 0), (1, 0)))[:, :-1]  # predict mode doesn't shift
-  steps = [model_predict((src, shifted[:, i:i + 1]))[0]
-           for i in range(tgt.shape[1])]
+  steps = [
+    model_predict((src, shifted[:, i : i + 1]))[0] for i in range(tgt.shape[1])
+  ]
   return logits_eval, np.concatenate(steps, axis=1)
 
 
 def test_eval_matches_step_by_step_predict():
   logits_eval, logits_predict = _eval_and_predict('reference')
-  np.testing.assert_allclose(logits_eval, logits_predict, rtol=1e-4,
-                             atol=1e-5)
+  np.testing.assert_allclose(logits_eval, logits_predict, rtol=1e-4, atol=1e-5)
 
 
 def _trained_eval_weights():
@@ -135,12 +149,19 @@ def test_greedy_decoding_identical():
     decoded = {}
     for name in ('trax', 'reference'):
       predict = _transformer(name, mode='predict', dropout=0.0, **CONFIG)
-      predict.init_from_file(path, weights_only=True,
-                             input_signature=shapes.signature(
-                                 (src, src[:, :1])))
+      predict.init_from_file(
+        path,
+        weights_only=True,
+        input_signature=shapes.signature((src, src[:, :1])),
+      )
       decoded[name] = trax_decoding.autoregressive_sample(
-          predict, src, batch_size=len(src), temperature=0.0, max_length=8,
-          eos_id=1)
+        predict,
+        src,
+        batch_size=len(src),
+        temperature=0.0,
+        max_length=8,
+        eos_id=1,
+      )
     assert np.array_equal(decoded['trax'], decoded['reference'])
 
 
@@ -153,19 +174,19 @@ def test_beam_search_builtin_and_plugin_agree_and_one_beam_is_greedy():
     model.save_to_file(path)
     decoded = {}
     for name in ('trax', 'reference'):
-      model_fn = functools.partial(_transformer, name, dropout=0.0,
-                                   **CONFIG)
+      model_fn = functools.partial(_transformer, name, dropout=0.0, **CONFIG)
 
       def prepared(rows, model_fn=model_fn):
-        return decoding.predict_model(model_fn, path, rows, src_len,
-                                        max_len)
-      greedy = decoding.greedy_decode(prepared(3), sources, 3, src_len,
-                                        max_len)
-      one_beam = decoding.beam_decode(prepared(3), sources, 3, src_len, 1,
-                                        max_len, alpha=0.0)
+        return decoding.predict_model(model_fn, path, rows, src_len, max_len)
+
+      greedy = decoding.greedy_decode(prepared(3), sources, 3, src_len, max_len)
+      one_beam = decoding.beam_decode(
+        prepared(3), sources, 3, src_len, 1, max_len, alpha=0.0
+      )
       # 2 sources of 3 beams at a time: the last batch is ragged.
-      three_beams = decoding.beam_decode(prepared(6), sources, 2, src_len,
-                                           3, max_len, with_log_probs=True)
+      three_beams = decoding.beam_decode(
+        prepared(6), sources, 2, src_len, 3, max_len, with_log_probs=True
+      )
       decoded[name] = (greedy, one_beam, three_beams)
   assert decoded['trax'] == decoded['reference']
   greedy, one_beam, three_beams = decoded['reference']
@@ -177,12 +198,14 @@ def test_beam_search_builtin_and_plugin_agree_and_one_beam_is_greedy():
   # hypothesis (+ EOS if it ended) in eval mode and sum the log-softmax.
   # Wrong K/V caches after re-ordering beams would break this.
   for source, (hypothesis, log_prob) in zip(src, three_beams):
-    target = np.array([hypothesis + ([EOS_ID] if len(hypothesis) < max_len
-                                     else [])], np.int32)
+    target = np.array(
+      [hypothesis + ([EOS_ID] if len(hypothesis) < max_len else [])], np.int32
+    )
     logits = model((source[None], target))[0]
     log_softmax = jax.nn.log_softmax(logits[0], axis=-1)
-    expected = float(jnp.sum(log_softmax[np.arange(target.shape[1]),
-                                         target[0]]))
+    expected = float(
+      jnp.sum(log_softmax[np.arange(target.shape[1]), target[0]])
+    )
     np.testing.assert_allclose(log_prob, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -192,8 +215,12 @@ def test_predict_model_sizes_decoder_caches_only_in_its_scope():
   model_fn = functools.partial(_transformer, dropout=0.0, **CONFIG)
 
   def longest_cache(layer):
-    return max(x.shape[1] for x in jax.tree_util.tree_leaves(layer.state)
-               if np.ndim(x) == 3 and x.shape[0] == 3 * CONFIG['n_heads'])
+    return max(
+      x.shape[1]
+      for x in jax.tree_util.tree_leaves(layer.state)
+      if np.ndim(x) == 3 and x.shape[0] == 3 * CONFIG['n_heads']
+    )
+
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, 'model.pkl.gz')
     model.save_to_file(path)
@@ -201,24 +228,30 @@ def test_predict_model_sizes_decoder_caches_only_in_its_scope():
     # Built after `short`, outside the scope: Trax's default size.
     default = decoding.predict_model(model_fn, path, 3, src.shape[1])
     assert (longest_cache(short), longest_cache(default)) == (8, 2048)
-    decoded = [decoding.greedy_decode(m, sources, 3, src.shape[1], 8)
-               for m in (short, default)]
+    decoded = [
+      decoding.greedy_decode(m, sources, 3, src.shape[1], 8)
+      for m in (short, default)
+    ]
   assert decoded[0] == decoded[1]
 
 
 def test_select_beams_moves_eos_to_finished_and_keeps_n_alive():
   vocab = 4  # candidates of 2 beams x 4 tokens, EOS is token 1
-  candidates = np.log(np.array([0.30, 0.25, 0.05, 0.02,
-                                0.20, 0.10, 0.06, 0.02]))
+  candidates = np.log(
+    np.array([0.30, 0.25, 0.05, 0.02, 0.20, 0.10, 0.06, 0.02])
+  )
   finished = []
-  scores, parents, tokens = decoding._select_beams(  # pylint: disable=protected-access
-      candidates, 2, vocab, step=0, alpha=0.0, finished=finished)
+  scores, parents, tokens = decoding._select_beams(
+    candidates, 2, vocab, step=0, alpha=0.0, finished=finished
+  )
   assert finished == [(candidates[1], candidates[1], 0)]  # beam 0 + EOS
   assert parents.tolist() == [0, 1] and tokens.tolist() == [0, 0]
   np.testing.assert_allclose(scores, candidates[[0, 4]])
 
 
-@pytest.mark.parametrize('direction', ['builtin_to_plugin', 'plugin_to_builtin'])
+@pytest.mark.parametrize(
+  'direction', ['builtin_to_plugin', 'plugin_to_builtin']
+)
 @pytest.mark.parametrize('mode', ['eval', 'predict'])
 def test_checkpoints_cross_load(direction, mode):
   src, tgt = _tokens()
@@ -229,37 +262,48 @@ def test_checkpoints_cross_load(direction, mode):
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, 'model.pkl.gz')
     source_eval.save_to_file(path)
-    source, target = (source_eval, target_eval) if mode == 'eval' else (
-        _models('predict') if direction == 'builtin_to_plugin'
-        else _models('predict')[::-1])
+    source, target = (
+      (source_eval, target_eval)
+      if mode == 'eval'
+      else (
+        _models('predict')
+        if direction == 'builtin_to_plugin'
+        else _models('predict')[::-1]
+      )
+    )
     x = (src, tgt) if mode == 'eval' else (src, tgt[:, :1])
     for model in (source, target):
-      model.init_from_file(path, weights_only=True,
-                           input_signature=shapes.signature(x))
+      model.init_from_file(
+        path, weights_only=True, input_signature=shapes.signature(x)
+      )
     assert_trees_equal(source(x), target(x))
 
 
 def test_loop_checkpoint_loads_into_plugin():
   """A checkpoint written by training.Loop for the built-in model."""
-  from trax.supervised import training  # pylint: disable=g-import-not-at-top
+  from trax.supervised import training
+
   src, tgt = _tokens(batch=4)
 
   def batches():
     while True:
       yield src, tgt, (tgt > 0).astype(np.float32)
 
-  task = training.TrainTask(batches(), tl.WeightedCategoryCrossEntropy(),
-                            trax.optimizers.Adam(1e-3))
+  task = training.TrainTask(
+    batches(), tl.WeightedCategoryCrossEntropy(), trax.optimizers.Adam(1e-3)
+  )
   builtin_train = trax.models.Transformer(VOCAB, mode='train', **CONFIG)
   with tempfile.TemporaryDirectory() as tmp:
-    loop = training.Loop(builtin_train, task, output_dir=tmp,
-                         checkpoint_at=lambda step: step == 2)
+    loop = training.Loop(
+      builtin_train, task, output_dir=tmp, checkpoint_at=lambda step: step == 2
+    )
     loop.run(2)
     ckpt = os.path.join(tmp, 'model.pkl.gz')
     builtin, plugin = _models('eval')
     for model in (builtin, plugin):
-      model.init_from_file(ckpt, weights_only=True,
-                           input_signature=shapes.signature((src, tgt)))
+      model.init_from_file(
+        ckpt, weights_only=True, input_signature=shapes.signature((src, tgt))
+      )
     assert_trees_equal(builtin((src, tgt)), plugin((src, tgt)))
 
 
@@ -277,15 +321,19 @@ def test_gin_binding_switches_existing_transformer_config():
         trax_qkv.EncoderDecoderAttention.implementation = 'reference'
     """)
     model = trax.models.Transformer(mode='eval')
-    ours = [type(l).__name__ for l in _walk(model)
-            if type(l).__module__ == 'trax_qkv.layers.attention']
+    ours = [
+      type(layer).__name__
+      for layer in _walk(model)
+      if type(layer).__module__ == 'trax_qkv.layers.attention'
+    ]
     assert sorted(ours) == ['CheckedSerial', 'PureAttention']
   finally:
     gin.clear_config()
   # Without the binding the built-in layer comes back.
   model = trax.models.Transformer(VOCAB, mode='eval', **CONFIG)
-  assert not any(type(l).__module__.startswith('trax_qkv')
-                 for l in _walk(model))
+  assert not any(
+    type(layer).__module__.startswith('trax_qkv') for layer in _walk(model)
+  )
 
 
 def test_registry_accepts_user_layers_and_rejects_unknown_names():
@@ -296,15 +344,19 @@ def test_registry_accepts_user_layers_and_rejects_unknown_names():
     return tl.AttentionQKV(d_feature, **kwargs)
 
   assert {'trax', 'reference', 'fused', 'chunked', 'cudnn', 'auto'} <= set(
-      trax_qkv.attention_implementations('cross_attention'))
+    trax_qkv.attention_implementations('cross_attention')
+  )
   trax_qkv.register_attention('cross_attention', 'mine', my_attention)
   assert 'mine' in trax_qkv.attention_implementations('cross_attention')
   _transformer('mine', **CONFIG)
   assert len(calls) == CONFIG['n_decoder_layers']
   assert calls[0]['cache_KV_in_predict'] is True
-  with pytest.raises(ValueError, match=(
-      "cross_attention implementation must be one of .*'reference'.*got "
-      "'nope'")):
+  with pytest.raises(
+    ValueError,
+    match=(
+      "cross_attention implementation must be one of .*'reference'.*got 'nope'"
+    ),
+  ):
     _transformer('nope', **CONFIG)
 
 
@@ -312,11 +364,16 @@ def test_use_attention_scopes_every_transformer_built_inside():
   with trax_qkv.use_attention(cross_attention='fused'):
     inside = trax.models.Transformer(VOCAB, mode='eval', **CONFIG)
   outside = trax.models.Transformer(VOCAB, mode='eval', **CONFIG)
-  fused = [l for l in _walk(inside) if isinstance(l, trax_qkv.PureAttention)]
+  fused = [
+    layer
+    for layer in _walk(inside)
+    if isinstance(layer, trax_qkv.PureAttention)
+  ]
   assert len(fused) == CONFIG['n_decoder_layers']
-  assert all(l._implementation == 'fused' for l in fused)  # pylint: disable=protected-access
-  assert not any(type(l).__module__.startswith('trax_qkv')
-                 for l in _walk(outside))
+  assert all(layer._implementation == 'fused' for layer in fused)
+  assert not any(
+    type(layer).__module__.startswith('trax_qkv') for layer in _walk(outside)
+  )
   with pytest.raises(ValueError, match="got 'nope'"):
     with trax_qkv.use_attention(cross_attention='nope'):
       pass

@@ -14,6 +14,10 @@ import subprocess
 import sys
 import time
 
+from helpers import CONFIGS
+from helpers import ROOT
+from helpers import command
+from helpers import tiny_train_bindings
 import jax
 import numpy as np
 import pytest
@@ -23,7 +27,6 @@ from trax.supervised import training as trax_training
 
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import training
-from helpers import CONFIGS, ROOT, command, tiny_train_bindings
 
 # 1 vs 2 devices after 30 steps (measured: losses 8e-8 relative, weights
 # 2.3e-7 absolute): float reassociation only, the loss is the same mean.
@@ -38,13 +41,16 @@ def _kill_at_checkpoint(argv, output_dir, min_step, log_path):
   """Runs `argv` in a subprocess; SIGKILLs it once `output_dir` holds a
   checkpoint of step >= min_step. Returns that step."""
   with open(log_path, 'w') as log:
-    process = subprocess.Popen([sys.executable] + argv, cwd=ROOT,
-                               stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+      [sys.executable] + argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+    )
     deadline = time.time() + 600
     while time.time() < deadline:
       if process.poll() is not None:
-        pytest.fail(f'{argv[2]} ended (rc {process.returncode}) before it '
-                    f'could be killed; log in {log_path}')
+        pytest.fail(
+          f'{argv[2]} ended (rc {process.returncode}) before it '
+          f'could be killed; log in {log_path}'
+        )
       try:
         step = checkpointing.checkpoint_step(output_dir)
       except (OSError, EOFError):  # being written
@@ -61,10 +67,12 @@ def _kill_at_checkpoint(argv, output_dir, min_step, log_path):
 def _checkpoint(output_dir):
   path = os.path.join(output_dir, 'model')
   meta = trax_training.unpickle_from_file(path + '.pkl.gz', gzip=True)
-  weights = tl.np_from_file(path + '.weights.npy.gz',
-                            compresslevel=meta['flat_weights'])
-  slots = tl.np_from_file(path + '.opt_slots0.npy.gz',
-                          compresslevel=meta['slots_per_task'])
+  weights = tl.np_from_file(
+    path + '.weights.npy.gz', compresslevel=meta['flat_weights']
+  )
+  slots = tl.np_from_file(
+    path + '.opt_slots0.npy.gz', compresslevel=meta['slots_per_task']
+  )
   return meta, weights, slots
 
 
@@ -77,8 +85,11 @@ def _assert_same_run(dir_a, dir_b):
   history_a, history_b = meta_a['history'], meta_b['history']
   for mode in ('train', 'eval'):
     for metric, values in history_a['_values'][mode].items():
-      if ('per second' in metric or 'timing' in metric
-          or metric.endswith('_seconds')):
+      if (
+        'per second' in metric
+        or 'timing' in metric
+        or metric.endswith('_seconds')
+      ):
         continue
       assert values == history_b['_values'][mode][metric], (mode, metric)
 
@@ -89,14 +100,21 @@ def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   bindings = tiny_train_bindings(tfds_dir, steps=400, eval_frequency=50)
 
   def argv(output_dir):
-    return (['-m', '_trax_qkv_cli', 'train', '--config_file',
-             os.path.join(CONFIGS, 'reference.gin'), '--output_dir',
-             str(output_dir)] + sum((['--config', b] for b in bindings), []))
+    return [
+      '-m',
+      '_trax_qkv_cli',
+      'train',
+      '--config_file',
+      os.path.join(CONFIGS, 'reference.gin'),
+      '--output_dir',
+      str(output_dir),
+    ] + sum((['--config', b] for b in bindings), [])
 
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
   train_script.main(argv(uninterrupted)[3:])  # also prepares the data
-  killed_at = _kill_at_checkpoint(argv(resumed), str(resumed), 100,
-                                  tmp_path / 'killed.log')
+  killed_at = _kill_at_checkpoint(
+    argv(resumed), str(resumed), 100, tmp_path / 'killed.log'
+  )
   assert 100 <= killed_at < 400
   train_script.main(argv(resumed)[3:])
   _assert_same_run(str(uninterrupted), str(resumed))
@@ -105,45 +123,80 @@ def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
 @pytest.mark.slow
 def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   def argv(output_dir):
-    return ['-m', '_trax_qkv_cli', 'validate', '--dataset', 'trax_qkv_numbers/tiny',
-            '--data_dir', str(tmp_path / 'tfds'), '--vocab_size', '200',
-            '--d_model', '32', '--d_ff', '64', '--n_layers', '1',
-            '--n_heads', '2', '--steps', '400', '--eval_every', '50',
-            '--batch_size', '16', '--implementations', 'reference',
-            '--max_test_sentences', '4', '--beam_sentences', '1',
-            '--output_dir', str(output_dir)]
+    return [
+      '-m',
+      '_trax_qkv_cli',
+      'validate',
+      '--dataset',
+      'trax_qkv_numbers/tiny',
+      '--data_dir',
+      str(tmp_path / 'tfds'),
+      '--vocab_size',
+      '200',
+      '--d_model',
+      '32',
+      '--d_ff',
+      '64',
+      '--n_layers',
+      '1',
+      '--n_heads',
+      '2',
+      '--steps',
+      '400',
+      '--eval_every',
+      '50',
+      '--batch_size',
+      '16',
+      '--implementations',
+      'reference',
+      '--max_test_sentences',
+      '4',
+      '--beam_sentences',
+      '1',
+      '--output_dir',
+      str(output_dir),
+    ]
 
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
   validate_script.main(argv(uninterrupted)[3:])
-  killed_at = _kill_at_checkpoint(argv(resumed), str(resumed / 'reference'),
-                                  100, tmp_path / 'killed.log')
+  killed_at = _kill_at_checkpoint(
+    argv(resumed), str(resumed / 'reference'), 100, tmp_path / 'killed.log'
+  )
   assert 100 <= killed_at < 400
   validate_script.main(argv(resumed)[3:])
   _assert_same_run(str(uninterrupted / 'reference'), str(resumed / 'reference'))
   step_losses = _checkpoint(str(resumed / 'reference'))[0]['history'][
-      '_values']['train']['metrics/step_loss']
+    '_values'
+  ]['train']['metrics/step_loss']
   assert [step for step, _ in step_losses] == list(range(1, 401))
   # Training time adds up over the killed run and its restart: every step
   # counted once.
   step_seconds = _checkpoint(str(resumed / 'reference'))[0]['history'][
-      '_values']['train']['metrics/step_seconds']
+    '_values'
+  ]['train']['metrics/step_seconds']
   assert [step for step, _ in step_seconds] == list(range(1, 401))
   summary = json.loads((resumed / 'summary.json').read_text())['reference']
   assert summary['train_seconds'] == pytest.approx(
-      sum(seconds for _, seconds in step_seconds))
-  assert ((uninterrupted / 'decodes_reference.txt').read_text()
-          == (resumed / 'decodes_reference.txt').read_text())
-  scores = [json.loads((run / 'summary.json').read_text())['reference']
-            for run in (uninterrupted, resumed)]
+    sum(seconds for _, seconds in step_seconds)
+  )
+  assert (uninterrupted / 'decodes_reference.txt').read_text() == (
+    resumed / 'decodes_reference.txt'
+  ).read_text()
+  scores = [
+    json.loads((run / 'summary.json').read_text())['reference']
+    for run in (uninterrupted, resumed)
+  ]
   for key in ('final_loss', 'eval_loss', 'bleu', 'chrf', 'exact_match'):
     assert scores[0][key] == scores[1][key], key
 
 
 # ------------------------------------------------- atomic checkpoint writes
 
+
 def _tiny_loop(output_dir, nan_at_step=None):
   """A ResumableLoop on a 1-layer model that checkpoints every step; with
   `nan_at_step`, that step's batch holds a NaN."""
+
   def batches():
     rng = np.random.RandomState(0)
     for step in itertools.count():  # batch 0 is TrainTask's shape sample
@@ -151,26 +204,34 @@ def _tiny_loop(output_dir, nan_at_step=None):
       if step == nan_at_step:
         x[0, 0] = np.nan
       yield x, x.sum(axis=1, keepdims=True), np.ones((4, 1), np.float32)
-  task = trax_training.TrainTask(batches(), tl.L2Loss(),
-                                 trax.optimizers.Adam(0.01))
-  return checkpointing.ResumableLoop(tl.Serial(tl.Dense(1)), [task], random_seed=0,
-                                     output_dir=str(output_dir),
-                                     checkpoint_at=lambda step: True,
-                                     eval_at=lambda step: False)
+
+  task = trax_training.TrainTask(
+    batches(), tl.L2Loss(), trax.optimizers.Adam(0.01)
+  )
+  return checkpointing.ResumableLoop(
+    tl.Serial(tl.Dense(1)),
+    [task],
+    random_seed=0,
+    output_dir=str(output_dir),
+    checkpoint_at=lambda step: True,
+    eval_at=lambda step: False,
+  )
 
 
 def _weights(loop):
   return [np.asarray(w) for w in jax.tree_util.tree_leaves(loop.model.weights)]
 
 
-def test_kill_while_writing_keeps_the_previous_checkpoint(tmp_path,
-                                                          monkeypatch):
+def test_kill_while_writing_keeps_the_previous_checkpoint(
+  tmp_path, monkeypatch
+):
   loop = _tiny_loop(tmp_path)
   loop.run(2)
   at_step_2 = _weights(loop)
 
   def killed(*args, **kwargs):  # dies after weights and slots were written
     raise SystemExit('killed while writing the checkpoint')
+
   monkeypatch.setattr(trax_training, 'pickle_to_file', killed)
   with pytest.raises(SystemExit):
     loop.run(1)
@@ -187,8 +248,9 @@ def test_kill_after_commit_is_completed_on_restart(tmp_path, monkeypatch):
   loop = _tiny_loop(tmp_path)
   loop.run(2)
   # Dies right after the commit rename, before any file is moved into place.
-  monkeypatch.setattr(checkpointing, 'finish_interrupted_save',
-                      lambda output_dir: None)
+  monkeypatch.setattr(
+    checkpointing, 'finish_interrupted_save', lambda output_dir: None
+  )
   loop.run(1)
   monkeypatch.undo()
   assert os.path.isdir(tmp_path / '.model.committed')
@@ -197,16 +259,19 @@ def test_kill_after_commit_is_completed_on_restart(tmp_path, monkeypatch):
   assert restarted.step == 3
   for a, b in zip(_weights(loop), _weights(restarted)):
     assert np.array_equal(a, b)
-  assert np.array_equal(np.asarray(loop._rng), np.asarray(restarted._rng))  # pylint: disable=protected-access
+  assert np.array_equal(np.asarray(loop._rng), np.asarray(restarted._rng))
 
 
 def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(
-    tmp_path):
+  tmp_path,
+):
   loop = _tiny_loop(tmp_path, nan_at_step=4)
-  with pytest.raises(checkpointing.NonFiniteLossError,
-                     match=r'the training loss is nan at step 4, so training '
-                     r'stopped there; the last checkpoint in .* \(step 3\) '
-                     r'is the last good one'):
+  with pytest.raises(
+    checkpointing.NonFiniteLossError,
+    match=r'the training loss is nan at step 4, so training '
+    r'stopped there; the last checkpoint in .* \(step 3\) '
+    r'is the last good one',
+  ):
     loop.run(10)
   assert checkpointing.checkpoint_step(str(tmp_path)) == 3
   restarted = _tiny_loop(tmp_path)
@@ -223,19 +288,23 @@ def test_training_reports_progress_between_evals(tmp_path):
   assert lines[-1].startswith('training: 10/10 (') and ', loss ' in lines[-1]
 
 
-def test_disk_full_while_writing_keeps_the_previous_checkpoint(tmp_path,
-                                                               monkeypatch):
+def test_disk_full_while_writing_keeps_the_previous_checkpoint(
+  tmp_path, monkeypatch
+):
   loop = _tiny_loop(tmp_path)
   loop.run(2)
   at_step_2 = _weights(loop)
 
   def disk_full(*args, **kwargs):
     raise OSError(errno.ENOSPC, 'No space left on device')
+
   monkeypatch.setattr(trax_training, 'pickle_to_file', disk_full)
-  with pytest.raises(checkpointing.CheckpointWriteError,
-                     match=r'could not write the checkpoint of step 3 to .*'
-                     r'No space left on device.*The checkpoint there \(step '
-                     r'2\) is untouched'):
+  with pytest.raises(
+    checkpointing.CheckpointWriteError,
+    match=r'could not write the checkpoint of step 3 to .*'
+    r'No space left on device.*The checkpoint there \(step '
+    r'2\) is untouched',
+  ):
     loop.run(1)
   monkeypatch.undo()
   assert not [n for n in os.listdir(tmp_path) if n.startswith('.')]
@@ -249,15 +318,17 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
   _tiny_loop(tmp_path).run(1)
   wider = tl.Serial(tl.Dense(2))
   wider.init(trax.shapes.ShapeDtype((4, 3)))
-  with pytest.raises(checkpointing.CheckpointMismatchError,
-                     match=r'weight #0 has shape \(3, 1\), the model '
-                           r'expects \(3, 2\)'):
+  with pytest.raises(
+    checkpointing.CheckpointMismatchError,
+    match=r'weight #0 has shape \(3, 1\), the model '
+    r'expects \(3, 2\)',
+  ):
     checkpointing.check_checkpoint_fits(wider, str(tmp_path))
 
 
 # ------------------------------------------------------ data parallelism
 
-_TWO_DEVICE_RUNS = '''
+_TWO_DEVICE_RUNS = """
 import sys
 from trax_qkv.supervised import training
 configs, out, bindings = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -268,22 +339,28 @@ for config, dropout in (('reference.gin', 0.0), ('reference.gin', 0.1),
       bindings + ['Transformer.dropout = %s' % dropout],
       '%s/%s_%s' % (out, config[:-4], dropout))
   assert loop.n_devices == 2, loop.n_devices
-'''
+"""
 
 
 @pytest.mark.slow
 def test_two_device_data_parallel_matches_one_device_and_builtin(tmp_path):
-  bindings = tiny_train_bindings(str(tmp_path / 'tfds'), steps=30,
-                                 eval_frequency=30)
+  bindings = tiny_train_bindings(
+    str(tmp_path / 'tfds'), steps=30, eval_frequency=30
+  )
   one_device = tmp_path / 'one_device'
-  training.train_from_configs([os.path.join(CONFIGS, 'reference.gin')],
-                              bindings + ['Transformer.dropout = 0.0'],
-                              str(one_device))
-  env = dict(os.environ,
-             XLA_FLAGS='--xla_force_host_platform_device_count=2')
-  subprocess.run([sys.executable, '-c', _TWO_DEVICE_RUNS, CONFIGS,
-                  str(tmp_path)] + bindings, cwd=ROOT, env=env, check=True,
-                 stdout=subprocess.DEVNULL)
+  training.train_from_configs(
+    [os.path.join(CONFIGS, 'reference.gin')],
+    bindings + ['Transformer.dropout = 0.0'],
+    str(one_device),
+  )
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  subprocess.run(
+    [sys.executable, '-c', _TWO_DEVICE_RUNS, CONFIGS, str(tmp_path)] + bindings,
+    cwd=ROOT,
+    env=env,
+    check=True,
+    stdout=subprocess.DEVNULL,
+  )
   # Same math on two half-batches: equal up to float reassociation.
   meta_1, weights_1, _ = _checkpoint(str(one_device))
   meta_2, weights_2, _ = _checkpoint(str(tmp_path / 'plugin_0.0'))

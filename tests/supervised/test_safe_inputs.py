@@ -15,6 +15,9 @@ import sys
 import textwrap
 import threading
 
+from helpers import CONFIGS
+from helpers import command
+from helpers import tiny_train_bindings
 import numpy as np
 import pytest
 import trax
@@ -29,7 +32,6 @@ from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
 from trax_qkv.validation import config as config_lib
 from trax_qkv.validation import run as validation
-from helpers import CONFIGS, command, tiny_train_bindings
 
 
 class _RunsCode:
@@ -43,20 +45,36 @@ class _RunsCode:
 
 
 def _tiny_config(base, **changes):
-  return config_lib.ValidationConfig(**dict(dict(
-      dataset='trax_qkv_numbers/tiny', data_dir=str(base / 'tfds'),
-      vocab_size=200, d_model=16, d_ff=32, n_layers=1, n_heads=2, steps=6,
-      eval_every=3, batch_size=8, implementations=('reference',),
-      max_test_sentences=2, beam_sentences=0, heatmap_sentences=0),
-      **changes))
+  return config_lib.ValidationConfig(
+    **dict(
+      dict(
+        dataset='trax_qkv_numbers/tiny',
+        data_dir=str(base / 'tfds'),
+        vocab_size=200,
+        d_model=16,
+        d_ff=32,
+        n_layers=1,
+        n_heads=2,
+        steps=6,
+        eval_every=3,
+        batch_size=8,
+        implementations=('reference',),
+        max_test_sentences=2,
+        beam_sentences=0,
+        heatmap_sentences=0,
+      ),
+      **changes,
+    )
+  )
 
 
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
   """A finished 6-step validate run: out/reference is a model directory."""
   base = tmp_path_factory.mktemp('safe_inputs')
-  validation.run_validation(_tiny_config(base), str(base / 'out'),
-                            log=lambda line: None)
+  validation.run_validation(
+    _tiny_config(base), str(base / 'out'), log=lambda line: None
+  )
   return base
 
 
@@ -68,8 +86,11 @@ def _copy_model(run, tmp_path):
 
 
 def _snapshot(directory):
-  return {path: path.read_bytes() for path in sorted(directory.rglob('*'))
-          if path.is_file() and path.name != locking.LOCK_FILE}
+  return {
+    path: path.read_bytes()
+    for path in sorted(directory.rglob('*'))
+    if path.is_file() and path.name != locking.LOCK_FILE
+  }
 
 
 def _plant(checkpoint, marker):
@@ -103,26 +124,63 @@ def _refused(capsys, argv_main, snapshot_dir, match):
 
 def _validate_argv(run, out, steps=6):
   return [
-      '--dataset', 'trax_qkv_numbers/tiny', '--data_dir', str(run / 'tfds'),
-      '--vocab_size', '200', '--d_model', '16', '--d_ff', '32',
-      '--n_layers', '1', '--n_heads', '2', '--steps', str(steps),
-      '--eval_every', '3', '--batch_size', '8', '--implementations',
-      'reference', '--max_test_sentences', '2', '--beam_sentences', '0',
-      '--heatmap_sentences', '0', '--output_dir', str(out)]
+    '--dataset',
+    'trax_qkv_numbers/tiny',
+    '--data_dir',
+    str(run / 'tfds'),
+    '--vocab_size',
+    '200',
+    '--d_model',
+    '16',
+    '--d_ff',
+    '32',
+    '--n_layers',
+    '1',
+    '--n_heads',
+    '2',
+    '--steps',
+    str(steps),
+    '--eval_every',
+    '3',
+    '--batch_size',
+    '8',
+    '--implementations',
+    'reference',
+    '--max_test_sentences',
+    '2',
+    '--beam_sentences',
+    '0',
+    '--heatmap_sentences',
+    '0',
+    '--output_dir',
+    str(out),
+  ]
 
 
 def _train_argv(run, out, steps=4, eval_frequency=2):
-  return (['--config_file', os.path.join(CONFIGS, 'reference.gin'),
-           '--output_dir', str(out)]
-          + sum((['--config', b] for b in tiny_train_bindings(
-              str(run / 'tfds'), steps, eval_frequency, d_model=16)), []))
+  return [
+    '--config_file',
+    os.path.join(CONFIGS, 'reference.gin'),
+    '--output_dir',
+    str(out),
+  ] + sum(
+    (
+      ['--config', b]
+      for b in tiny_train_bindings(
+        str(run / 'tfds'), steps, eval_frequency, d_model=16
+      )
+    ),
+    [],
+  )
 
 
 # ------------------------------------------------- checkpoints that run code
 
+
 @pytest.mark.slow
-def test_a_planted_checkpoint_is_refused_by_every_command(run, tmp_path,
-                                                          capsys):
+def test_a_planted_checkpoint_is_refused_by_every_command(
+  run, tmp_path, capsys
+):
   marker = tmp_path / 'marker'
   model = _copy_model(run, tmp_path)
   _plant(model / 'model.pkl.gz', marker)
@@ -130,12 +188,32 @@ def test_a_planted_checkpoint_is_refused_by_every_command(run, tmp_path,
   translate = command('translate').main
   attention_map = command('attention_map').main
   for argv_main in (
-      (translate, ['--model_dir', str(model), 'one']),
-      (attention_map, ['--model_dir', str(model), '--source', 'one',
-                       '--output', str(tmp_path / 'map.png')]),
-      (attention_map, ['--model_dir', str(model), '--source', 'one',
-                       '--target', 'eins', '--output',
-                       str(tmp_path / 'map.png')])):
+    (translate, ['--model_dir', str(model), 'one']),
+    (
+      attention_map,
+      [
+        '--model_dir',
+        str(model),
+        '--source',
+        'one',
+        '--output',
+        str(tmp_path / 'map.png'),
+      ],
+    ),
+    (
+      attention_map,
+      [
+        '--model_dir',
+        str(model),
+        '--source',
+        'one',
+        '--target',
+        'eins',
+        '--output',
+        str(tmp_path / 'map.png'),
+      ],
+    ),
+  ):
     _refused(capsys, argv_main, tmp_path, unsafe)
   # Trax's own loader, as a user of the layers would call it.
   with pytest.raises(checkpoint_files.UnsafeCheckpointError, match=unsafe):
@@ -144,25 +222,35 @@ def test_a_planted_checkpoint_is_refused_by_every_command(run, tmp_path,
   out = tmp_path / 'validate'
   shutil.copytree(run / 'out', out)
   _plant(out / 'reference' / 'model.pkl.gz', marker)
-  _refused(capsys, (command('validate').main, _validate_argv(run, out, 9)),
-           out, unsafe)
+  _refused(
+    capsys, (command('validate').main, _validate_argv(run, out, 9)), out, unsafe
+  )
   train_dir = tmp_path / 'train'
   shutil.copytree(model, train_dir)
-  _refused(capsys, (command('train').main, _train_argv(run, train_dir)),
-           train_dir, unsafe)
+  _refused(
+    capsys,
+    (command('train').main, _train_argv(run, train_dir)),
+    train_dir,
+    unsafe,
+  )
   assert not marker.exists()
 
 
 @pytest.mark.slow
-def test_planted_data_counters_are_refused_before_a_fresh_run(run, tmp_path,
-                                                              capsys):
+def test_planted_data_counters_are_refused_before_a_fresh_run(
+  run, tmp_path, capsys
+):
   marker = tmp_path / 'marker'
   out = tmp_path / 'fresh'
   out.mkdir()
   with open(out / 'data_counters0.pkl', 'wb') as f:
     pickle.dump({'trax_qkv_train': _RunsCode(marker)}, f)
-  _refused(capsys, (command('train').main, _train_argv(run, out)), out,
-           'data_counters0.pkl refers to posix.system')
+  _refused(
+    capsys,
+    (command('train').main, _train_argv(run, out)),
+    out,
+    'data_counters0.pkl refers to posix.system',
+  )
   assert sorted(os.listdir(out)) == ['.trax_qkv.lock', 'data_counters0.pkl']
   assert not marker.exists()
 
@@ -172,14 +260,22 @@ def test_a_slot_file_holding_objects_is_refused(run, tmp_path, capsys):
   out = tmp_path / 'validate'
   shutil.copytree(run / 'out', out)
   with gzip.open(out / 'reference' / 'model.opt_slots0.npy.gz', 'wb') as f:
-    np.save(f, np.array([_RunsCode(tmp_path / 'marker')], dtype=object),
-            allow_pickle=True)
-  _refused(capsys, (command('validate').main, _validate_argv(run, out, 9)),
-           out, 'model.opt_slots0.npy.gz is damaged or truncated after 0')
+    np.save(
+      f,
+      np.array([_RunsCode(tmp_path / 'marker')], dtype=object),
+      allow_pickle=True,
+    )
+  _refused(
+    capsys,
+    (command('validate').main, _validate_argv(run, out, 9)),
+    out,
+    'model.opt_slots0.npy.gz is damaged or truncated after 0',
+  )
   assert not (tmp_path / 'marker').exists()
 
 
 # ---------------------------------------- what Trax writes still loads exactly
+
 
 def _plain_arrays(path):
   """The arrays of a `.npy.gz` file, read as Trax 1.4.1 reads them."""
@@ -188,7 +284,7 @@ def _plain_arrays(path):
     while True:
       try:
         arrays.append(np.load(f, allow_pickle=False))
-      except Exception:  # pylint: disable=broad-except
+      except Exception:
         return arrays
 
 
@@ -216,8 +312,9 @@ def _assert_loads_as_pickle(directory):
     if name.endswith('.pkl.gz'):
       with gzip.open(path) as f:
         expected = pickle.load(f)
-      _assert_same(checkpoint_files.unpickle_from_file(path, gzip=True),
-                   expected)
+      _assert_same(
+        checkpoint_files.unpickle_from_file(path, gzip=True), expected
+      )
     elif name.endswith('.pkl'):
       with open(path, 'rb') as f:
         expected = pickle.load(f)
@@ -228,7 +325,8 @@ def _assert_loads_as_pickle(directory):
 
 @pytest.mark.slow
 def test_checkpoints_of_trax_and_of_this_package_load_bit_for_bit(
-    run, tmp_path):
+  run, tmp_path
+):
   # ResumableLoop's (a validate run) ...
   _assert_loads_as_pickle(run / 'out' / 'reference')
   # ... Trax's own Loop and Layer.save_to_file.
@@ -239,14 +337,22 @@ def test_checkpoints_of_trax_and_of_this_package_load_bit_for_bit(
     while True:
       x = rng.randn(4, 5).astype(np.float32)
       yield x, x[:, :3], np.ones((4, 3), np.float32)
+
   loop = trax_training.Loop(
-      model, [trax_training.TrainTask(batches(), tl.L2Loss(),
-                                      trax.optimizers.Adam(0.01))],
-      output_dir=str(tmp_path / 'loop'))
+    model,
+    [
+      trax_training.TrainTask(
+        batches(), tl.L2Loss(), trax.optimizers.Adam(0.01)
+      )
+    ],
+    output_dir=str(tmp_path / 'loop'),
+  )
   loop.run(2)
   _assert_loads_as_pickle(tmp_path / 'loop')
-  model.save_to_file(str(tmp_path / 'layer.pkl.gz'),
-                     input_signature=shapes.signature(next(batches())[0]))
+  model.save_to_file(
+    str(tmp_path / 'layer.pkl.gz'),
+    input_signature=shapes.signature(next(batches())[0]),
+  )
   _assert_loads_as_pickle(tmp_path)
   restored = tl.Serial(tl.Dense(3), tl.BatchNorm(axis=(0,)))
   restored.init_from_file(str(tmp_path / 'layer.pkl.gz'))
@@ -254,6 +360,7 @@ def test_checkpoints_of_trax_and_of_this_package_load_bit_for_bit(
 
 
 # --------------------------------------------------- damaged model directories
+
 
 def _damage(model, name, content):
   path = model / name
@@ -263,46 +370,88 @@ def _damage(model, name, content):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name,content,match', [
-    ('model.pkl.gz', lambda b: b[:len(b) // 2],
-     'model.pkl.gz is damaged or truncated'),
-    ('model.weights.npy.gz', lambda b: b[:len(b) // 2],
-     'model.weights.npy.gz is damaged or truncated'),
+@pytest.mark.parametrize(
+  'name,content,match',
+  [
+    (
+      'model.pkl.gz',
+      lambda b: b[: len(b) // 2],
+      'model.pkl.gz is damaged or truncated',
+    ),
+    (
+      'model.weights.npy.gz',
+      lambda b: b[: len(b) // 2],
+      'model.weights.npy.gz is damaged or truncated',
+    ),
     ('model.json', b'not json', 'model.json is not valid JSON'),
     ('model.json', b'[]', 'model.json holds a list; expected a JSON object'),
-    ('model.json', lambda b: json.dumps(
-        {k: v for k, v in json.loads(b).items() if k != 'd_ff'}).encode(),
-     'model.json: d_ff must be a positive int; got nothing'),
-    ('model.json', lambda b: json.dumps(
-        dict(json.loads(b), n_heads='2')).encode(),
-     "model.json: n_heads must be a positive int; got '2'"),
-    ('model.json', lambda b: json.dumps(
-        dict(json.loads(b), attention={'cross_attention': 'nope'})).encode(),
-     "got 'nope'"),
-    ('model.json', lambda b: json.dumps(
-        dict(json.loads(b), attention={'decoder': 'reference'})).encode(),
-     "model.json: site must be one of ('self_attention'"),
-    ('model.json', lambda b: json.dumps(
-        dict(json.loads(b), attention='reference')).encode(),
-     'model.json: attention must map sites to the attention the model was '
-     "trained with; got 'reference'"),
-    ('vocab.subwords', bytes(range(256)) * 4,
-     'vocab.subwords is not a subword vocabulary'),
+    (
+      'model.json',
+      lambda b: json.dumps(
+        {k: v for k, v in json.loads(b).items() if k != 'd_ff'}
+      ).encode(),
+      'model.json: d_ff must be a positive int; got nothing',
+    ),
+    (
+      'model.json',
+      lambda b: json.dumps(dict(json.loads(b), n_heads='2')).encode(),
+      "model.json: n_heads must be a positive int; got '2'",
+    ),
+    (
+      'model.json',
+      lambda b: json.dumps(
+        dict(json.loads(b), attention={'cross_attention': 'nope'})
+      ).encode(),
+      "got 'nope'",
+    ),
+    (
+      'model.json',
+      lambda b: json.dumps(
+        dict(json.loads(b), attention={'decoder': 'reference'})
+      ).encode(),
+      "model.json: site must be one of ('self_attention'",
+    ),
+    (
+      'model.json',
+      lambda b: json.dumps(dict(json.loads(b), attention='reference')).encode(),
+      'model.json: attention must map sites to the attention the model was '
+      "trained with; got 'reference'",
+    ),
+    (
+      'vocab.subwords',
+      bytes(range(256)) * 4,
+      'vocab.subwords is not a subword vocabulary',
+    ),
     ('vocab.subwords', b'', 'vocab.subwords is not a subword vocabulary'),
-    ('vocab.subwords', lambda b: b'\n'.join(b.split(b'\n')[:20]) + b'\n',
-     'vocab.subwords has 20 subwords, but model.json says the model was '
-     'trained with vocab_size'),
-])
-def test_a_damaged_model_directory_is_one_line(run, tmp_path, capsys, name,
-                                               content, match):
+    (
+      'vocab.subwords',
+      lambda b: b'\n'.join(b.split(b'\n')[:20]) + b'\n',
+      'vocab.subwords has 20 subwords, but model.json says the model was '
+      'trained with vocab_size',
+    ),
+  ],
+)
+def test_a_damaged_model_directory_is_one_line(
+  run, tmp_path, capsys, name, content, match
+):
   model = _copy_model(run, tmp_path)
   _damage(model, name, content)
-  for argv_main in ((command('translate').main, ['--model_dir', str(model),
-                                                  'one']),
-                    (command('attention_map').main,
-                     ['--model_dir', str(model), '--source', 'one',
-                      '--target', 'eins', '--output',
-                      str(tmp_path / 'map.png')])):
+  for argv_main in (
+    (command('translate').main, ['--model_dir', str(model), 'one']),
+    (
+      command('attention_map').main,
+      [
+        '--model_dir',
+        str(model),
+        '--source',
+        'one',
+        '--target',
+        'eins',
+        '--output',
+        str(tmp_path / 'map.png'),
+      ],
+    ),
+  ):
     _refused(capsys, argv_main, tmp_path, match)
 
 
@@ -310,62 +459,104 @@ def test_a_damaged_model_directory_is_one_line(run, tmp_path, capsys, name,
 def test_a_truncated_slot_file_is_not_resumed_from(run, tmp_path, capsys):
   out = tmp_path / 'validate'
   shutil.copytree(run / 'out', out)
-  _damage(out / 'reference', 'model.opt_slots0.npy.gz',
-          lambda b: b[:len(b) // 2])
-  _refused(capsys, (command('validate').main, _validate_argv(run, out, 9)),
-           out, 'model.opt_slots0.npy.gz is damaged or truncated')
+  _damage(
+    out / 'reference', 'model.opt_slots0.npy.gz', lambda b: b[: len(b) // 2]
+  )
+  _refused(
+    capsys,
+    (command('validate').main, _validate_argv(run, out, 9)),
+    out,
+    'model.opt_slots0.npy.gz is damaged or truncated',
+  )
 
 
 def test_slots_of_another_optimizer_are_refused(tmp_path):
   def loop(optimizer):
     def batches():
       while True:
-        yield (np.ones((2, 3), np.float32), np.ones((2, 1), np.float32),
-               np.ones((2, 1), np.float32))
+        yield (
+          np.ones((2, 3), np.float32),
+          np.ones((2, 1), np.float32),
+          np.ones((2, 1), np.float32),
+        )
+
     return checkpointing.ResumableLoop(
-        tl.Serial(tl.Dense(1)),
-        [trax_training.TrainTask(batches(), tl.L2Loss(), optimizer)],
-        output_dir=str(tmp_path), random_seed=0)
+      tl.Serial(tl.Dense(1)),
+      [trax_training.TrainTask(batches(), tl.L2Loss(), optimizer)],
+      output_dir=str(tmp_path),
+      random_seed=0,
+    )
+
   first = loop(trax.optimizers.Adam(0.01))
   first.progress_log = None
   first.run(1)
-  with pytest.raises(checkpointing.CheckpointMismatchError,
-                     match='it holds 4 optimizer slot arrays, the model has '
-                     '2'):
+  with pytest.raises(
+    checkpointing.CheckpointMismatchError,
+    match='it holds 4 optimizer slot arrays, the model has 2',
+  ):
     loop(trax.optimizers.Momentum(0.01))
 
 
 # ------------------------------------------------------------ bad input
 
+
 @pytest.mark.slow
-def test_translate_refuses_what_the_model_cannot_take(run, tmp_path, capsys,
-                                                      monkeypatch):
+def test_translate_refuses_what_the_model_cannot_take(
+  run, tmp_path, capsys, monkeypatch
+):
   model = str(run / 'out' / 'reference')
   translate = command('translate').main
   snapshot = run / 'out'
-  _refused(capsys, (translate, ['--model_dir', model, 'one', 'two ' * 200,
-                                'three']), snapshot,
-           'sentence 2 (')
-  _refused(capsys, (translate, ['--model_dir', model, '--max_length',
-                                '2000000', 'one']), snapshot,
-           'max_length must be an int from 1 to 63')
-  _refused(capsys, (translate, ['--model_dir', model, '--beam', '2',
-                                '--alpha', 'nan', 'one']), snapshot,
-           'alpha must be a finite number >= 0; got nan')
-  _refused(capsys, (command('attention_map').main,
-                    ['--model_dir', model, '--source', 'two ' * 200,
-                     '--output', str(tmp_path / 'm.png')]), snapshot,
-           'longer than the model takes')
+  _refused(
+    capsys,
+    (translate, ['--model_dir', model, 'one', 'two ' * 200, 'three']),
+    snapshot,
+    'sentence 2 (',
+  )
+  _refused(
+    capsys,
+    (translate, ['--model_dir', model, '--max_length', '2000000', 'one']),
+    snapshot,
+    'max_length must be an int from 1 to 63',
+  )
+  _refused(
+    capsys,
+    (translate, ['--model_dir', model, '--beam', '2', '--alpha', 'nan', 'one']),
+    snapshot,
+    'alpha must be a finite number >= 0; got nan',
+  )
+  _refused(
+    capsys,
+    (
+      command('attention_map').main,
+      [
+        '--model_dir',
+        model,
+        '--source',
+        'two ' * 200,
+        '--output',
+        str(tmp_path / 'm.png'),
+      ],
+    ),
+    snapshot,
+    'longer than the model takes',
+  )
 
   class BinaryStdin:
-    buffer = type('Buffer', (), {'read': lambda self: (
-        b'one\n\xff\xfe\x00binary\n')})()
+    buffer = type(
+      'Buffer', (), {'read': lambda self: b'one\n\xff\xfe\x00binary\n'}
+    )()
 
     def isatty(self):
       return False
+
   monkeypatch.setattr('sys.stdin', BinaryStdin())
-  _refused(capsys, (translate, ['--model_dir', model]), snapshot,
-           'standard input line 2 is not UTF-8 text')
+  _refused(
+    capsys,
+    (translate, ['--model_dir', model]),
+    snapshot,
+    'standard input line 2 is not UTF-8 text',
+  )
 
 
 @pytest.mark.slow
@@ -373,27 +564,63 @@ def test_attention_map_output_must_be_a_file(run, tmp_path, capsys):
   model = str(run / 'out' / 'reference')
   main = command('attention_map').main
   (tmp_path / 'afile').write_text('x')
-  _refused(capsys, (main, ['--model_dir', model, '--source', 'one',
-                           '--output', str(tmp_path)]), tmp_path,
-           'is a directory; give a file name')
-  _refused(capsys, (main, ['--model_dir', model, '--source', 'one',
-                           '--output', str(tmp_path / 'afile' / 'x.png')]),
-           tmp_path, 'afile is a file, not a directory')
+  _refused(
+    capsys,
+    (
+      main,
+      ['--model_dir', model, '--source', 'one', '--output', str(tmp_path)],
+    ),
+    tmp_path,
+    'is a directory; give a file name',
+  )
+  _refused(
+    capsys,
+    (
+      main,
+      [
+        '--model_dir',
+        model,
+        '--source',
+        'one',
+        '--output',
+        str(tmp_path / 'afile' / 'x.png'),
+      ],
+    ),
+    tmp_path,
+    'afile is a file, not a directory',
+  )
   # A name without a suffix is written as given, not as NAME.png.
-  assert main(['--model_dir', model, '--source', 'one', '--target', 'eins',
-               '--output', str(tmp_path / 'map')]) == 0
+  assert (
+    main(
+      [
+        '--model_dir',
+        model,
+        '--source',
+        'one',
+        '--target',
+        'eins',
+        '--output',
+        str(tmp_path / 'map'),
+      ]
+    )
+    == 0
+  )
   assert (tmp_path / 'map').read_bytes()[:4] == b'\x89PNG'
   capsys.readouterr()
 
 
-@pytest.mark.parametrize('argv,match', [
+@pytest.mark.parametrize(
+  'argv,match',
+  [
     (['--lr_factors', 'constant * bogus'], 'lr_factors must be factor names'),
-    (['--keys', '../../x', 'de'], "keys must be two different"),
-    (['--keys', 'en', 'en'], "keys must be two different"),
+    (['--keys', '../../x', 'de'], 'keys must be two different'),
+    (['--keys', 'en', 'en'], 'keys must be two different'),
     (['--learning_rate', 'nan'], 'learning_rate must be a finite number'),
-])
-def test_validate_refuses_bad_settings_before_writing(tmp_path, capsys, argv,
-                                                      match):
+  ],
+)
+def test_validate_refuses_bad_settings_before_writing(
+  tmp_path, capsys, argv, match
+):
   out = tmp_path / 'out'
   assert command('validate').main(argv + ['--output_dir', str(out)]) == 2
   err = capsys.readouterr().err
@@ -409,26 +636,50 @@ def test_validate_dangling_output_dir_link(tmp_path, capsys):
   assert not (tmp_path / 'nowhere').exists()
 
 
-@pytest.mark.parametrize('argv,match', [
-    (['--config', "train.steps = 'abc'"],
-     "train.steps must be a positive int; got 'abc'"),
+@pytest.mark.parametrize(
+  'argv,match',
+  [
+    (
+      ['--config', "train.steps = 'abc'"],
+      "train.steps must be a positive int; got 'abc'",
+    ),
     (['--config', 'train.steps = ('], 'gin could not use the configuration'),
-])
-def test_train_refuses_bad_bindings_before_writing(tmp_path, capsys, argv,
-                                                   match):
+  ],
+)
+def test_train_refuses_bad_bindings_before_writing(
+  tmp_path, capsys, argv, match
+):
   out = tmp_path / 'out'
-  _refused(capsys, (command('train').main, ['--config_file', os.path.join(
-      CONFIGS, 'reference.gin'), '--output_dir', str(out)] + argv), tmp_path,
-           match)
+  _refused(
+    capsys,
+    (
+      command('train').main,
+      [
+        '--config_file',
+        os.path.join(CONFIGS, 'reference.gin'),
+        '--output_dir',
+        str(out),
+      ]
+      + argv,
+    ),
+    tmp_path,
+    match,
+  )
   assert not out.exists()
 
 
 def test_a_config_importing_a_missing_module(tmp_path, capsys):
   config = tmp_path / 'bad.gin'
   config.write_text('import no_such_module_here\n')
-  _refused(capsys, (command('train').main, [
-      '--config_file', str(config), '--output_dir', str(tmp_path / 'out')]),
-           tmp_path, "No module named 'no_such_module_here'")
+  _refused(
+    capsys,
+    (
+      command('train').main,
+      ['--config_file', str(config), '--output_dir', str(tmp_path / 'out')],
+    ),
+    tmp_path,
+    "No module named 'no_such_module_here'",
+  )
 
 
 @pytest.mark.slow
@@ -441,6 +692,7 @@ def test_train_saves_its_last_step(run, tmp_path):
 
 
 # ------------------------------------------------------------------ files
+
 
 def test_the_lock_file_is_never_followed_through_a_link(tmp_path):
   victim = tmp_path / 'victim'
@@ -470,8 +722,9 @@ def test_a_failed_write_leaves_the_old_file(tmp_path):
 
 # ------------------------------------------ a model directory of release 0.2.0
 
-RELEASE_0_2_0 = os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                             'fixtures', 'release_0.2.0')
+RELEASE_0_2_0 = os.path.join(
+  os.path.dirname(os.path.dirname(__file__)), 'fixtures', 'release_0.2.0'
+)
 
 
 def test_a_model_directory_of_release_0_2_0_loads_bit_for_bit(tmp_path):
@@ -482,41 +735,73 @@ def test_a_model_directory_of_release_0_2_0_loads_bit_for_bit(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('n_beams,decodes', [(1, 'decodes_greedy.txt'),
-                                             (2, 'decodes_beam2.txt')])
+@pytest.mark.parametrize(
+  'n_beams,decodes', [(1, 'decodes_greedy.txt'), (2, 'decodes_beam2.txt')]
+)
 def test_a_model_directory_of_release_0_2_0_translates_as_it_did(
-    n_beams, decodes, capsys):
-  sources = open(os.path.join(RELEASE_0_2_0, 'sources.txt'),
-                 encoding='utf-8').read().splitlines()
-  assert command('translate').main(
-      ['--model_dir', RELEASE_0_2_0, '--beam', str(n_beams), '--batch_size',
-       '100', '--max_length', '16'] + sources) == 0
-  expected = open(os.path.join(RELEASE_0_2_0, decodes),
-                  encoding='utf-8').read().splitlines()
+  n_beams, decodes, capsys
+):
+  sources = (
+    open(os.path.join(RELEASE_0_2_0, 'sources.txt'), encoding='utf-8')
+    .read()
+    .splitlines()
+  )
+  assert (
+    command('translate').main(
+      [
+        '--model_dir',
+        RELEASE_0_2_0,
+        '--beam',
+        str(n_beams),
+        '--batch_size',
+        '100',
+        '--max_length',
+        '16',
+      ]
+      + sources
+    )
+    == 0
+  )
+  expected = (
+    open(os.path.join(RELEASE_0_2_0, decodes), encoding='utf-8')
+    .read()
+    .splitlines()
+  )
   assert capsys.readouterr().out.splitlines() == expected
 
 
 def test_data_preparation_waits_for_the_data_dir_lock(tmp_path):
   """A second run sharing data_dir prepares nothing while another holds
   it (a real second process), and proceeds once it is free."""
-  from trax_qkv import data as data_lib  # pylint: disable=g-import-not-at-top
+  from trax_qkv import data as data_lib
+
+  package_root = os.path.dirname(os.path.dirname(checkpoint_files.__file__))
   holder = subprocess.Popen(
-      [sys.executable, '-c', textwrap.dedent(f"""
+    [
+      sys.executable,
+      '-c',
+      textwrap.dedent(f"""
           import sys, time
-          sys.path.insert(0, {os.path.dirname(os.path.dirname(
-              checkpoint_files.__file__))!r})
+          sys.path.insert(0, {package_root!r})
           from trax_qkv import files
           with files.locked({str(tmp_path)!r}, {data_lib.DATA_LOCK_FILE!r}):
             print('held', flush=True)
             time.sleep(600)
-          """)], stdout=subprocess.PIPE, text=True)
+          """),
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   done = []
   try:
     assert holder.stdout.readline().strip() == 'held'
-    worker = threading.Thread(target=lambda: done.append(
-        data_lib.prepare_translation_data('trax_qkv_numbers/tiny',
-                                          data_dir=str(tmp_path),
-                                          vocab_size=200)))
+    worker = threading.Thread(
+      target=lambda: done.append(
+        data_lib.prepare_translation_data(
+          'trax_qkv_numbers/tiny', data_dir=str(tmp_path), vocab_size=200
+        )
+      )
+    )
     worker.start()
     worker.join(3)
     assert worker.is_alive() and not done
@@ -530,18 +815,27 @@ def test_data_preparation_waits_for_the_data_dir_lock(tmp_path):
 
 def test_a_damaged_run_config_is_named(tmp_path):
   (tmp_path / config_lib.RUN_CONFIG).write_text('[1, 2]')
-  with pytest.raises(ValueError, match=r'validation_config.json holds a list;'
-                     r' expected a JSON object of trax-qkv-validate settings.'
-                     r' Choose a new --output_dir.'):
+  with pytest.raises(
+    ValueError,
+    match=r'validation_config.json holds a list;'
+    r' expected a JSON object of trax-qkv-validate settings.'
+    r' Choose a new --output_dir.',
+  ):
     config_lib.check_same_run(config_lib.ValidationConfig(), str(tmp_path))
 
 
 def test_trax_rl_trajectories_load_as_pickle(tmp_path):
-  from trax.rl import task as rl_task  # pylint: disable=g-import-not-at-top
+  from trax.rl import task as rl_task
+
   trajectory = rl_task.Trajectory(np.zeros(3, np.float32))
-  trajectory.extend(action=1, dist_inputs=np.ones(2), reward=0.5, done=False,
-                    new_observation=np.ones(3, np.float32))
+  trajectory.extend(
+    action=1,
+    dist_inputs=np.ones(2),
+    reward=0.5,
+    done=False,
+    new_observation=np.ones(3, np.float32),
+  )
   path = tmp_path / 'task_epoch1.pkl'
   trax_training.pickle_to_file([trajectory], str(path), gzip=True)
-  loaded, = trax_training.unpickle_from_file(str(path), gzip=True)
+  (loaded,) = trax_training.unpickle_from_file(str(path), gzip=True)
   assert repr(loaded) == repr(trajectory)

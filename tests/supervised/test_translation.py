@@ -8,12 +8,13 @@ import subprocess
 import sys
 import textwrap
 
+from helpers import ROOT
+from helpers import command
 import numpy as np
 import pytest
 
 from trax_qkv import data as data_lib
 from trax_qkv.supervised import attention_maps
-from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
 from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
@@ -21,7 +22,6 @@ from trax_qkv.supervised import scoring
 from trax_qkv.supervised import translation
 from trax_qkv.validation import config as config_lib
 from trax_qkv.validation import run as validation
-from helpers import ROOT, command
 
 TEST_SENTENCES = 6
 
@@ -31,21 +31,34 @@ def tiny_run(tmp_path_factory):
   """A tiny trax-qkv-validate run (vocab_size 1: the builder's smallest)."""
   base = tmp_path_factory.mktemp('tiny_run')
   config = config_lib.ValidationConfig(
-      dataset='trax_qkv_numbers/tiny', data_dir=str(base / 'tfds'),
-      vocab_size=1, d_model=32, d_ff=64, n_layers=1, n_heads=4, steps=60,
-      eval_every=30, batch_size=16, implementations=('reference',),
-      max_test_sentences=TEST_SENTENCES, beam_sentences=TEST_SENTENCES,
-      n_beams=3, heatmap_sentences=1)
+    dataset='trax_qkv_numbers/tiny',
+    data_dir=str(base / 'tfds'),
+    vocab_size=1,
+    d_model=32,
+    d_ff=64,
+    n_layers=1,
+    n_heads=4,
+    steps=60,
+    eval_every=30,
+    batch_size=16,
+    implementations=('reference',),
+    max_test_sentences=TEST_SENTENCES,
+    beam_sentences=TEST_SENTENCES,
+    n_beams=3,
+    heatmap_sentences=1,
+  )
   log = []
-  summary = validation.run_validation(config, str(base / 'out'),
-                                      log=log.append)
+  summary = validation.run_validation(config, str(base / 'out'), log=log.append)
   return config, base / 'out', summary, log
 
 
 def _test_pairs(config):
-  data = data_lib.translation_data(config.dataset, config.keys,
-                                   data_dir=config.data_dir,
-                                   vocab_size=config.vocab_size)
+  data = data_lib.translation_data(
+    config.dataset,
+    config.keys,
+    data_dir=config.data_dir,
+    vocab_size=config.vocab_size,
+  )
   pairs = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
   return pairs[:TEST_SENTENCES], data.vocab()
 
@@ -54,10 +67,14 @@ def _test_pairs(config):
 def test_a_vocabulary_smaller_than_possible_is_reported(tiny_run):
   config, out, summary, log = tiny_run
   assert summary['vocab_size'] > 10 * config.vocab_size
-  assert any(f'--vocab_size 1 became {summary["vocab_size"]} subwords' in line
-             for line in log)
-  assert (f'{summary["vocab_size"]} subwords (1 requested)'
-          in (out / 'report.md').read_text())
+  assert any(
+    f'--vocab_size 1 became {summary["vocab_size"]} subwords' in line
+    for line in log
+  )
+  assert (
+    f'{summary["vocab_size"]} subwords (1 requested)'
+    in (out / 'report.md').read_text()
+  )
 
 
 @pytest.mark.slow
@@ -70,25 +87,59 @@ def test_translate_gives_the_validate_decodes(tiny_run, n_beams, capsys):
   sources = [s for s, _ in pairs]
   # The validation decoded at most (longest reference + 8) tokens.
   max_length = max(len(vocab.encode(t)) for _, t in pairs) + 8
-  name = 'decodes_reference.txt' if n_beams == 1 else (
-      'decodes_beam_reference.txt')
+  name = (
+    'decodes_reference.txt' if n_beams == 1 else ('decodes_beam_reference.txt')
+  )
   expected = (out / name).read_text(encoding='utf-8').splitlines()
-  assert command('translate').main(
-      ['--model_dir', str(out / 'reference'), '--beam', str(n_beams),
-       '--batch_size', str(config.decode_batch_size), '--max_length',
-       str(max_length)] + sources) == 0
+  assert (
+    command('translate').main(
+      [
+        '--model_dir',
+        str(out / 'reference'),
+        '--beam',
+        str(n_beams),
+        '--batch_size',
+        str(config.decode_batch_size),
+        '--max_length',
+        str(max_length),
+      ]
+      + sources
+    )
+    == 0
+  )
   assert capsys.readouterr().out.splitlines() == expected
   # Any implementation decodes the same checkpoint: Trax's layers in the
   # command's --attention flags, another kernel through the function.
-  assert command('translate').main(
-      ['--model_dir', str(out / 'reference'), '--beam', str(n_beams),
-       '--batch_size', str(config.decode_batch_size), '--max_length',
-       str(max_length), '--attention', 'cross_attention=trax'] + sources) == 0
+  assert (
+    command('translate').main(
+      [
+        '--model_dir',
+        str(out / 'reference'),
+        '--beam',
+        str(n_beams),
+        '--batch_size',
+        str(config.decode_batch_size),
+        '--max_length',
+        str(max_length),
+        '--attention',
+        'cross_attention=trax',
+      ]
+      + sources
+    )
+    == 0
+  )
   assert capsys.readouterr().out.splitlines() == expected
-  assert translation.translate(
-      str(out / 'reference'), sources, n_beams=n_beams,
+  assert (
+    translation.translate(
+      str(out / 'reference'),
+      sources,
+      n_beams=n_beams,
       attention={'cross_attention': 'auto', 'causal_attention': 'reference'},
-      batch_size=config.decode_batch_size, max_length=max_length) == expected
+      batch_size=config.decode_batch_size,
+      max_length=max_length,
+    )
+    == expected
+  )
 
 
 @pytest.mark.slow
@@ -96,8 +147,10 @@ def test_translate_errors(tiny_run, tmp_path, capsys):
   config, out, _, _ = tiny_run
   translate = command('translate').main
   assert translate(['--model_dir', str(out), 'one']) == 2
-  assert ("has no checkpoint (model.pkl.gz); it holds the models "
-          "['reference']: pass one of them" in capsys.readouterr().err)
+  assert (
+    'has no checkpoint (model.pkl.gz); it holds the models '
+    "['reference']: pass one of them" in capsys.readouterr().err
+  )
   assert translate(['--model_dir', str(tmp_path), 'one']) == 2
   assert 'has no checkpoint (model.pkl.gz).' in capsys.readouterr().err
   with pytest.raises(ValueError, match='no sentences to translate'):
@@ -113,75 +166,130 @@ def test_translate_errors(tiny_run, tmp_path, capsys):
   (bad / model_dir.SETTINGS_FILE).write_text(json.dumps(settings))
   assert translate(['--model_dir', str(bad), 'one']) == 2
   assert 'does not fit the model: weight #' in capsys.readouterr().err
-  assert translate(['--model_dir', str(out / 'reference'),
-                    '--attention', 'cross_attention=nope', 'one']) == 2
+  assert (
+    translate(
+      [
+        '--model_dir',
+        str(out / 'reference'),
+        '--attention',
+        'cross_attention=nope',
+        'one',
+      ]
+    )
+    == 2
+  )
   assert "got 'nope'" in capsys.readouterr().err
-  assert translate(['--model_dir', str(out / 'reference'),
-                    '--attention', 'decoder=auto', 'one']) == 2
+  assert (
+    translate(
+      [
+        '--model_dir',
+        str(out / 'reference'),
+        '--attention',
+        'decoder=auto',
+        'one',
+      ]
+    )
+    == 2
+  )
   assert "site must be one of ('self_attention'" in capsys.readouterr().err
   with pytest.raises(SystemExit):  # argparse: not SITE=NAME
-    translate(['--model_dir', str(out / 'reference'), '--attention', 'auto',
-               'one'])
+    translate(
+      ['--model_dir', str(out / 'reference'), '--attention', 'auto', 'one']
+    )
   assert 'must be SITE=NAME' in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_attention_map_holds_the_viz_mode_weights(tiny_run, tmp_path):
   config, out, _, _ = tiny_run
-  (source, target), = _test_pairs(config)[0][:1]
+  ((source, target),) = _test_pairs(config)[0][:1]
   path = tmp_path / 'map.json'
   main = command('attention_map').main
-  assert main(['--model_dir', str(out / 'reference'), '--source', source,
-               '--target', target, '--format', 'json', '--output',
-               str(path)]) == 0
+  assert (
+    main(
+      [
+        '--model_dir',
+        str(out / 'reference'),
+        '--source',
+        source,
+        '--target',
+        target,
+        '--format',
+        'json',
+        '--output',
+        str(path),
+      ]
+    )
+    == 0
+  )
   written = json.loads(path.read_text(encoding='utf-8'))
   # The model in viz mode, run here: its cross-attention layers' state.
   loaded = model_dir.load(out / 'reference')
   source_ids = decoding.encode_sources(loaded.vocab, [source])
   target_ids = [loaded.vocab.encode(target) + [data_lib.EOS_ID]]
   expected = attention_maps.cross_attention_weights(
-      model_dir.transformer_fn(loaded.settings), loaded.checkpoint,
-      source_ids, target_ids, config.n_layers)
+    model_dir.transformer_fn(loaded.settings),
+    loaded.checkpoint,
+    source_ids,
+    target_ids,
+    config.n_layers,
+  )
   assert len(written['weights']) == config.n_layers
   for got, want in zip(written['weights'], expected):
     assert np.array_equal(np.asarray(got, np.float32), want[0])
   assert written['source_tokens'][-1] == '<eos>'
   assert len(written['target_tokens']) == len(target_ids[0])
   png = tmp_path / 'map.png'
-  assert main(['--model_dir', str(out / 'reference'), '--source', source,
-               '--output', str(png)]) == 0  # target: the greedy decode
+  assert (
+    main(
+      [
+        '--model_dir',
+        str(out / 'reference'),
+        '--source',
+        source,
+        '--output',
+        str(png),
+      ]
+    )
+    == 0
+  )  # target: the greedy decode
   assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
 def test_a_second_run_on_a_held_output_dir_is_refused(tmp_path):
   """A real second process holds the directory; once it is killed the
   lock is free again (the kernel drops it)."""
+  locking_py = os.path.join(ROOT, 'trax_qkv', 'supervised', 'locking.py')
   holder = textwrap.dedent(f"""
       import importlib.util, sys, time
-      spec = importlib.util.spec_from_file_location(
-          'locking', {os.path.join(ROOT, 'trax_qkv', 'supervised',
-                                   'locking.py')!r})
+      spec = importlib.util.spec_from_file_location('locking', {locking_py!r})
       locking = importlib.util.module_from_spec(spec)
       spec.loader.exec_module(locking)
       with locking.hold_output_dir({str(tmp_path)!r}):
         print('held', flush=True)
         time.sleep(600)
       """)
-  process = subprocess.Popen([sys.executable, '-c', holder],
-                             stdout=subprocess.PIPE, text=True)
+  process = subprocess.Popen(
+    [sys.executable, '-c', holder], stdout=subprocess.PIPE, text=True
+  )
   try:
     assert process.stdout.readline().strip() == 'held'
-    with pytest.raises(locking.OutputDirBusyError,
-                       match=rf'output_dir {tmp_path} is in use by a running '
-                       rf'job \(pid {process.pid} on .*-c\)'):
+    with pytest.raises(
+      locking.OutputDirBusyError,
+      match=rf'output_dir {tmp_path} is in use by a running '
+      rf'job \(pid {process.pid} on .*-c\)',
+    ):
       with locking.hold_output_dir(str(tmp_path)):
         pass
     with pytest.raises(locking.OutputDirBusyError):
       validation.run_validation(
-          config_lib.ValidationConfig(dataset='trax_qkv_numbers/tiny',
-                                      data_dir=str(tmp_path / 'tfds'),
-                                      vocab_size=200),
-          str(tmp_path))
+        config_lib.ValidationConfig(
+          dataset='trax_qkv_numbers/tiny',
+          data_dir=str(tmp_path / 'tfds'),
+          vocab_size=200,
+        ),
+        str(tmp_path),
+      )
     assert not (tmp_path / config_lib.RUN_CONFIG).exists()
   finally:
     process.send_signal(signal.SIGKILL)
@@ -192,18 +300,27 @@ def test_a_second_run_on_a_held_output_dir_is_refused(tmp_path):
 
 def test_unknown_dataset_is_one_line_and_writes_nothing(tmp_path, capsys):
   out = tmp_path / 'out'
-  assert command('validate').main(
-      ['--dataset', 'no_such_dataset', '--output_dir', str(out)]) == 2
+  assert (
+    command('validate').main(
+      ['--dataset', 'no_such_dataset', '--output_dir', str(out)]
+    )
+    == 2
+  )
   err = capsys.readouterr().err
   assert err.count('\n') == 1, err
-  assert err.startswith("error: dataset 'no_such_dataset' is not a "
-                        'tensorflow-datasets data set (did you mean ')
+  assert err.startswith(
+    "error: dataset 'no_such_dataset' is not a "
+    'tensorflow-datasets data set (did you mean '
+  )
   assert not out.exists()
 
 
 def test_bleu_tokenize_choices():
-  with pytest.raises(ValueError, match=r"bleu_tokenize must be one of "
-                     r"\('13a', 'intl', 'char', 'zh', 'ja-mecab'\)"):
+  with pytest.raises(
+    ValueError,
+    match=r'bleu_tokenize must be one of '
+    r"\('13a', 'intl', 'char', 'zh', 'ja-mecab'\)",
+  ):
     config_lib.ValidationConfig(bleu_tokenize='space').check()
   scores = scoring.scores(['犬が走る'], ['犬が走る'], 'char')
   assert scores['bleu'] == pytest.approx(100.0)

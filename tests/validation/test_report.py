@@ -3,17 +3,22 @@
 import io
 import warnings
 
+from matplotlib import font_manager
 import numpy as np
 import pytest
-from matplotlib import font_manager
 
 from trax_qkv.supervised.progress import Progress
 from trax_qkv.validation import report
 
 
 def _installed_fonts():
-  return sorted({f.fname for f in font_manager.fontManager.ttflist
-                 if 'LastResort' not in f.fname})
+  return sorted(
+    {
+      f.fname
+      for f in font_manager.fontManager.ttflist
+      if 'LastResort' not in f.fname
+    }
+  )
 
 
 def test_font_for_picks_a_font_with_every_glyph():
@@ -22,8 +27,8 @@ def test_font_for_picks_a_font_with_every_glyph():
   # A character the default font lacks but another installed font has.
   lacking = None
   for path in _installed_fonts():
-    extra = sorted(report._charmap(path) - report._charmap(default))  # pylint: disable=protected-access
-    extra = [c for c in extra if chr(c).isprintable() and c > 0x7f]
+    extra = sorted(report._charmap(path) - report._charmap(default))
+    extra = [c for c in extra if chr(c).isprintable() and c > 0x7F]
     if extra:
       lacking = chr(extra[0])
       break
@@ -31,7 +36,7 @@ def test_font_for_picks_a_font_with_every_glyph():
     pytest.skip('every installed font covers the same characters')
   chosen = report.font_for(['ab', lacking])
   assert chosen != default
-  assert ord(lacking) in report._charmap(chosen)  # pylint: disable=protected-access
+  assert ord(lacking) in report._charmap(chosen)
   assert report.font_for(['\U0010fffd']) is None  # a private-use code point
 
 
@@ -44,11 +49,12 @@ def test_heatmap_of_a_japanese_sentence_draws_no_empty_boxes(tmp_path):
   path = tmp_path / 'map.png'
   with warnings.catch_warnings():
     warnings.filterwarnings('error', message='.*missing from font')
-    font = report.plot_heatmaps(weights, source, target, str(path),
-                                '犬が走る -> A dog runs')
+    font = report.plot_heatmaps(
+      weights, source, target, str(path), '犬が走る -> A dog runs'
+    )
   assert path.stat().st_size > 0
   if font is not None:
-    assert {ord(c) for c in '犬が走る'} <= report._charmap(font)  # pylint: disable=protected-access
+    assert {ord(c) for c in '犬が走る'} <= report._charmap(font)
 
 
 def test_progress_logs_lines_when_not_on_a_terminal():

@@ -3,25 +3,26 @@
 import dataclasses
 import json
 
+from helpers import command
 import pytest
 
 from trax_qkv.supervised import scoring
 from trax_qkv.validation import config as config_lib
 from trax_qkv.validation import run as validation
-from helpers import command
 
 
-@pytest.mark.parametrize('name', ['train', 'validate', 'bench',
-                                  'bench_kernels', 'translate',
-                                  'attention_map'])
+@pytest.mark.parametrize(
+  'name',
+  ['train', 'validate', 'bench', 'bench_kernels', 'translate', 'attention_map'],
+)
 def test_every_command_documents_every_flag(name, capsys):
   parser = command(name).build_parser()
-  for action in parser._actions:  # pylint: disable=protected-access
+  for action in parser._actions:
     assert action.help, action.option_strings
   with pytest.raises(SystemExit) as exit_info:
     command(name).main(['--help'])
   assert exit_info.value.code == 0
-  assert f"usage: trax-qkv-{name.replace('_', '-')}" in capsys.readouterr().out
+  assert f'usage: trax-qkv-{name.replace("_", "-")}' in capsys.readouterr().out
 
 
 def test_validate_flags_are_the_config_fields_with_their_defaults():
@@ -33,8 +34,18 @@ def test_validate_flags_are_the_config_fields_with_their_defaults():
   for field in dataclasses.fields(config_lib.ValidationConfig):
     assert f'--{field.name}' in help_text, field.name
     assert ' '.join(field.metadata['help'].split()) in help_text, field.name
-  args = parser.parse_args(['--keys', 'de', 'en', '--implementations',
-                            'trax', 'auto', '--beam_sentences', '0'])
+  args = parser.parse_args(
+    [
+      '--keys',
+      'de',
+      'en',
+      '--implementations',
+      'trax',
+      'auto',
+      '--beam_sentences',
+      '0',
+    ]
+  )
   config = config_lib.from_flags(args)
   assert config.keys == ('de', 'en')
   assert config.implementations == ('trax', 'auto')
@@ -47,7 +58,8 @@ def test_scores_use_sacrebleu():
   assert perfect['exact_match'] == 1.0
   cased = scoring.scores(['A small dog runs .'], ['a small dog runs .'])
   assert cased['bleu'] < 100.0 and cased['bleu_lowercase'] == pytest.approx(
-      100.0)
+    100.0
+  )
   with pytest.raises(ValueError, match='1 hypotheses for 2 references'):
     scoring.scores(['x'], ['x', 'y'])
 
@@ -58,54 +70,84 @@ def test_bad_config_is_rejected_before_any_work(tmp_path):
     validation.run_validation(bad, str(tmp_path / 'out'))
   with pytest.raises(ValueError, match='implementation must be one of'):
     validation.run_validation(
-        config_lib.ValidationConfig(implementations=('nope',)),
-        str(tmp_path / 'out'))
-  with pytest.raises(ValueError, match=r"sites must name one or more of "
-                     r"\('self_attention', 'causal_attention', "
-                     r"'cross_attention'\); got \('encoder',\)"):
-    validation.run_validation(config_lib.ValidationConfig(sites=('encoder',)),
-                              str(tmp_path / 'out'))
+      config_lib.ValidationConfig(implementations=('nope',)),
+      str(tmp_path / 'out'),
+    )
+  with pytest.raises(
+    ValueError,
+    match=r'sites must name one or more of '
+    r"\('self_attention', 'causal_attention', "
+    r"'cross_attention'\); got \('encoder',\)",
+  ):
+    validation.run_validation(
+      config_lib.ValidationConfig(sites=('encoder',)), str(tmp_path / 'out')
+    )
   with pytest.raises(ValueError, match='beam_sentences must be an int >= 0'):
-    validation.run_validation(config_lib.ValidationConfig(beam_sentences=-1),
-                              str(tmp_path / 'out'))
+    validation.run_validation(
+      config_lib.ValidationConfig(beam_sentences=-1), str(tmp_path / 'out')
+    )
   with pytest.raises(ValueError, match='n_beams must be a positive int'):
-    validation.run_validation(config_lib.ValidationConfig(n_beams=0),
-                              str(tmp_path / 'out'))
+    validation.run_validation(
+      config_lib.ValidationConfig(n_beams=0), str(tmp_path / 'out')
+    )
   assert not (tmp_path / 'out').exists()
 
 
 @pytest.mark.slow
 def test_tiny_side_by_side_run_is_identical(tmp_path):
   config = config_lib.ValidationConfig(
-      dataset='trax_qkv_numbers/tiny', data_dir=str(tmp_path / 'tfds'),
-      vocab_size=200, d_model=32, d_ff=64, n_layers=1, n_heads=4, steps=12,
-      eval_every=6, batch_size=16, beam_sentences=2, heatmap_sentences=2)
+    dataset='trax_qkv_numbers/tiny',
+    data_dir=str(tmp_path / 'tfds'),
+    vocab_size=200,
+    d_model=32,
+    d_ff=64,
+    n_layers=1,
+    n_heads=4,
+    steps=12,
+    eval_every=6,
+    batch_size=16,
+    beam_sentences=2,
+    heatmap_sentences=2,
+  )
   out = tmp_path / 'out'
   summary = validation.run_validation(config, str(out), log=lambda _: None)
-  for name in ('report.md', 'summary.json', 'loss_curves.png',
-               'cross_attention_0.png', 'cross_attention_1.png',
-               'decodes_trax.txt', 'decodes_reference.txt',
-               'decodes_beam_trax.txt', 'decodes_beam_reference.txt'):
+  for name in (
+    'report.md',
+    'summary.json',
+    'loss_curves.png',
+    'cross_attention_0.png',
+    'cross_attention_1.png',
+    'decodes_trax.txt',
+    'decodes_reference.txt',
+    'decodes_beam_trax.txt',
+    'decodes_beam_reference.txt',
+  ):
     assert (out / name).stat().st_size > 0, name
   assert (out / 'decodes_beam_trax.txt').read_text() == (
-      out / 'decodes_beam_reference.txt').read_text()
+    out / 'decodes_beam_reference.txt'
+  ).read_text()
   assert summary['reference']['beam_sentences'] == 2
   assert json.loads((out / 'summary.json').read_text()) == json.loads(
-      json.dumps(summary, default=str))
+    json.dumps(summary, default=str)
+  )
   assert summary['steps'] == 12
   assert summary['max_loss_diff'] == 0.0
   assert summary['identical_decodes'] == 1.0
   for label in ('trax', 'reference'):
-    for key in ('bleu', 'bleu_lowercase', 'exact_match', 'final_loss',
-                'train_seconds'):
+    for key in (
+      'bleu',
+      'bleu_lowercase',
+      'exact_match',
+      'final_loss',
+      'train_seconds',
+    ):
       assert key in summary[label]
   assert summary['trax']['final_loss'] == summary['reference']['final_loss']
   assert 'Max |difference|' in (out / 'report.md').read_text()
   # The same output_dir with another model size: refused, nothing touched.
   before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
   with pytest.raises(ValueError, match=r'other settings \(d_model 32 -> 64\)'):
-    validation.run_validation(dataclasses.replace(config, d_model=64),
-                              str(out))
+    validation.run_validation(dataclasses.replace(config, d_model=64), str(out))
   assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 
@@ -114,20 +156,34 @@ def test_tiny_run_with_reference_in_every_site_is_identical(tmp_path):
   """'reference' in encoder self-, decoder causal and cross-attention: the
   same losses and decodes as Trax's layers; the report says what ran where."""
   config = config_lib.ValidationConfig(
-      dataset='trax_qkv_numbers/tiny', data_dir=str(tmp_path / 'tfds'),
-      vocab_size=200, d_model=32, d_ff=64, n_layers=1, n_heads=4, steps=8,
-      eval_every=4, batch_size=16, beam_sentences=0, heatmap_sentences=0,
-      sites=('self_attention', 'causal_attention', 'cross_attention'))
+    dataset='trax_qkv_numbers/tiny',
+    data_dir=str(tmp_path / 'tfds'),
+    vocab_size=200,
+    d_model=32,
+    d_ff=64,
+    n_layers=1,
+    n_heads=4,
+    steps=8,
+    eval_every=4,
+    batch_size=16,
+    beam_sentences=0,
+    heatmap_sentences=0,
+    sites=('self_attention', 'causal_attention', 'cross_attention'),
+  )
   out = tmp_path / 'out'
   summary = validation.run_validation(config, str(out), log=lambda _: None)
   assert summary['max_loss_diff'] == 0.0
   assert summary['identical_decodes'] == 1.0
   assert summary['reference']['attention'] == {
-      'self_attention': 'reference', 'causal_attention': 'reference',
-      'cross_attention': 'reference'}
+    'self_attention': 'reference',
+    'causal_attention': 'reference',
+    'cross_attention': 'reference',
+  }
   assert set(summary['trax']['attention'].values()) == {'trax'}
   report = (out / 'report.md').read_text()
-  assert ('| attention: encoder self / decoder causal / cross | '
-          'trax / trax / trax | reference / reference / reference |') in report
+  assert (
+    '| attention: encoder self / decoder causal / cross | '
+    'trax / trax / trax | reference / reference / reference |'
+  ) in report
   saved = json.loads((out / 'reference' / 'model.json').read_text())
   assert saved['attention']['causal_attention'] == 'reference'

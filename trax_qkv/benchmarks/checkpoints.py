@@ -40,10 +40,17 @@ def _loop(loop_class, output_dir, vocab=8192):
       source = rng.randint(1, vocab, (8, 32)).astype(np.int32)
       target = rng.randint(1, vocab, (8, 32)).astype(np.int32)
       yield source, target, np.ones((8, 32), np.float32)
-  task = training.TrainTask(batches(), tl.WeightedCategoryCrossEntropy(),
-                            trax.optimizers.Adam(0.001))
-  return loop_class(model, [task], output_dir=output_dir, random_seed=0,
-                    checkpoint_at=lambda step: True)
+
+  task = training.TrainTask(
+    batches(), tl.WeightedCategoryCrossEntropy(), trax.optimizers.Adam(0.001)
+  )
+  return loop_class(
+    model,
+    [task],
+    output_dir=output_dir,
+    random_seed=0,
+    checkpoint_at=lambda step: True,
+  )
 
 
 def run(rounds=DEFAULT_ROUNDS, log=print):
@@ -53,8 +60,11 @@ def run(rounds=DEFAULT_ROUNDS, log=print):
     writer = _loop(checkpointing.ResumableLoop, output_dir)
     writer.progress_log = None
     writer.run(1)
-    size = sum(os.path.getsize(os.path.join(output_dir, f))
-               for f in os.listdir(output_dir) if f.startswith('model.'))
+    size = sum(
+      os.path.getsize(os.path.join(output_dir, f))
+      for f in os.listdir(output_dir)
+      if f.startswith('model.')
+    )
     trax_loop = _loop(training.Loop, output_dir)
     ours = _loop(checkpointing.ResumableLoop, output_dir)
 
@@ -63,44 +73,65 @@ def run(rounds=DEFAULT_ROUNDS, log=print):
         training.Loop.load_checkpoint(trax_loop)
 
     log(f'loading it ({size / 2**20:.0f} MB), {rounds} rounds ...')
+
     def resume():
       checkpointing.check_checkpoint_files(output_dir)
       ours.load_checkpoint()
 
     times = timing.interleaved_times(
-        {'trax': trax_load, 'trax_qkv': ours.load_checkpoint,
-         'trax_qkv_resume': resume}, rounds, settle=timing.settle_seconds())
-  results = {'device': jax.devices()[0].device_kind, 'rounds': rounds,
-             'checkpoint_mb': size / 2**20, 'times_s': times}
+      {
+        'trax': trax_load,
+        'trax_qkv': ours.load_checkpoint,
+        'trax_qkv_resume': resume,
+      },
+      rounds,
+      settle=timing.settle_seconds(),
+    )
+  results = {
+    'device': jax.devices()[0].device_kind,
+    'rounds': rounds,
+    'checkpoint_mb': size / 2**20,
+    'times_s': times,
+  }
   for name in ('trax_qkv', 'trax_qkv_resume'):
     ratios = [t / b for t, b in zip(times[name], times['trax'])]
     results[f'{name}_ratio_median'] = float(np.median(ratios))
     results[f'{name}_ratio_quartiles'] = [
-        float(q) for q in np.percentile(ratios, (25, 75))]
+      float(q) for q in np.percentile(ratios, (25, 75))
+    ]
   return results
 
 
 def markdown(results):
   times = results['times_s']
-  rows = [('Trax 1.4.1 (`Loop.load_checkpoint`)', 'trax'),
-          ('trax_qkv (`ResumableLoop.load_checkpoint`)', 'trax_qkv'),
-          ('trax_qkv, a resume in all (files checked, then loaded)',
-           'trax_qkv_resume')]
+  rows = [
+    ('Trax 1.4.1 (`Loop.load_checkpoint`)', 'trax'),
+    ('trax_qkv (`ResumableLoop.load_checkpoint`)', 'trax_qkv'),
+    (
+      'trax_qkv, a resume in all (files checked, then loaded)',
+      'trax_qkv_resume',
+    ),
+  ]
   lines = [
-      f"Checkpoint of the Multi30k-sized model ({results['checkpoint_mb']:.0f}"
-      f" MB on disk), {results['rounds']} interleaved rounds on "
-      f"{results['device']}.", '',
-      '| reader | seconds (median) | / Trax |', '|---|---|---|']
+    f'Checkpoint of the Multi30k-sized model ({results["checkpoint_mb"]:.0f}'
+    f' MB on disk), {results["rounds"]} interleaved rounds on '
+    f'{results["device"]}.',
+    '',
+    '| reader | seconds (median) | / Trax |',
+    '|---|---|---|',
+  ]
   for label, name in rows:
     ratio = ''
     if name != 'trax':
       low, high = results[f'{name}_ratio_quartiles']
-      ratio = (f"**{results[f'{name}_ratio_median']:.2f}×** "
-               f'[{low:.2f}–{high:.2f}]')
+      ratio = (
+        f'**{results[f"{name}_ratio_median"]:.2f}×** [{low:.2f}–{high:.2f}]'
+      )
     lines.append(f'| {label} | {np.median(times[name]):.3f} | {ratio} |')
   return '\n'.join(lines) + '\n'
 
 
 def write(results, output_dir):
-  timing.write_results(results, output_dir, 'bench_checkpoints',
-                       markdown(results))
+  timing.write_results(
+    results, output_dir, 'bench_checkpoints', markdown(results)
+  )

@@ -24,11 +24,16 @@ from trax.supervised import training
 
 import trax_qkv
 from trax_qkv.benchmarks import kernels as kernel_bench
+from trax_qkv.benchmarks import models as model_bench
 from trax_qkv.benchmarks import timing
 from trax_qkv.models import registry
 
-LAYER_SHAPES = ((32, 64, 64, 256, 8), (8, 256, 256, 256, 8),
-                (4, 1024, 1024, 256, 8), (1, 4096, 4096, 256, 8))
+LAYER_SHAPES = (
+  (32, 64, 64, 256, 8),
+  (8, 256, 256, 256, 8),
+  (4, 1024, 1024, 256, 8),
+  (1, 4096, 4096, 256, 8),
+)
 CROSS_SHAPE = (4, 64, 8192, 256, 8)  # (batch, Lq, Lk, d_model, heads)
 BUILTIN = registry.BUILTIN
 # Each contender's turn in a round times back-to-back calls for at least
@@ -44,8 +49,11 @@ def contenders():
   out = {BUILTIN: lambda d, h, mode: tl.AttentionQKV(d, n_heads=h, mode=mode)}
   for name in kernel_bench.implementations_for(jnp.float32):
     out[name] = functools.partial(
-        lambda d, h, mode, impl: trax_qkv.AttentionQKV(
-            d, n_heads=h, mode=mode, implementation=impl), impl=name)
+      lambda d, h, mode, impl: trax_qkv.AttentionQKV(
+        d, n_heads=h, mode=mode, implementation=impl
+      ),
+      impl=name,
+    )
   return out
 
 
@@ -74,7 +82,8 @@ def _compiled(layer, x, backward):
     return jax.grad(loss, argnums=(0, 1, 2, 3))(weights, *x[:3])
 
   return timing.compile_with_temp_bytes(
-      forward_backward if backward else forward, weights, x)
+    forward_backward if backward else forward, weights, x
+  )
 
 
 def bench_layer_shape(batch, lq, lk, d, heads, rounds):
@@ -85,17 +94,24 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
     key = 'fwd_bwd' if backward else 'fwd'
     fns, memory = {}, {}
     for name, factory in contenders().items():
-      fns[name], memory[name] = _compiled(factory(d, heads, 'eval'), x,
-                                          backward)
+      fns[name], memory[name] = _compiled(
+        factory(d, heads, 'eval'), x, backward
+      )
     times = timing.interleaved_times(
-        fns, rounds, settle=timing.settle_seconds(), untimed=1,
-        min_turn_seconds=MIN_TURN_SECONDS)
+      fns,
+      rounds,
+      settle=timing.settle_seconds(),
+      untimed=1,
+      min_turn_seconds=MIN_TURN_SECONDS,
+    )
     for name in fns:
-      result.setdefault(name, {})[f'{key}_ms'] = float(
-          np.median(times[name])) * 1e3
+      result.setdefault(name, {})[f'{key}_ms'] = (
+        float(np.median(times[name])) * 1e3
+      )
       result[name][f'{key}_round_ms'] = [t * 1e3 for t in times[name]]
-      result[name][f'{key}_temp_mb'] = (memory[name] / 2**20
-                                        if memory[name] is not None else None)
+      result[name][f'{key}_temp_mb'] = (
+        memory[name] / 2**20 if memory[name] is not None else None
+      )
     if backward:
       for name, fn in fns.items():
         faults, kernel_seconds = timing.page_faults_per_call(fn)
@@ -109,39 +125,41 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
 
 def _small_transformer(cross_attention, mode, vocab=512):
   with trax_qkv.use_attention(cross_attention=cross_attention):
-    return trax.models.Transformer(
-        vocab, d_model=128, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
-        n_heads=4, max_len=128, dropout=0.1, mode=mode)
+    return model_bench.transformer(vocab, 128, 256, 2, 128, mode, n_heads=4)
 
 
-def decoding_tokens_per_second(implementations, batch=32, src_len=32,
-                               steps=32, rounds=3):
+def decoding_tokens_per_second(
+  implementations, batch=32, src_len=32, steps=32, rounds=3
+):
   """Greedy predict-mode decoding of a small Transformer, tokens/s."""
-  src = np.random.RandomState(0).randint(2, 512, (batch, src_len)).astype(
-      np.int32)
+  src = (
+    np.random.RandomState(0).randint(2, 512, (batch, src_len)).astype(np.int32)
+  )
   fns = {}
   for impl in implementations:
     model = _small_transformer(impl, 'predict')
-    model.init(shapes.signature((src, src[:, :1])),
-               rng=jax.random.PRNGKey(0))
+    model.init(shapes.signature((src, src[:, :1])), rng=jax.random.PRNGKey(0))
     step = jax.jit(model.pure_fn)
     weights, initial_state = model.weights, model.state
 
     def decode(step=step, weights=weights, initial_state=initial_state):
       state, token, out = initial_state, jnp.zeros((batch, 1), jnp.int32), []
       for _ in range(steps):
-        (logits, _), state = step((src, token), weights, state,
-                                  jax.random.PRNGKey(0))
+        (logits, _), state = step(
+          (src, token), weights, state, jax.random.PRNGKey(0)
+        )
         token = jnp.argmax(logits[:, -1:], axis=-1).astype(jnp.int32)
         out.append(token)
       return jnp.concatenate(out, axis=1)
+
     fns[impl] = decode
   seconds = timing.interleaved_medians(fns, rounds)
   return {impl: batch * steps / s for impl, s in seconds.items()}
 
 
-def training_steps_per_second(implementations, steps=20, rounds=3,
-                              batch=64, length=24):
+def training_steps_per_second(
+  implementations, steps=20, rounds=3, batch=64, length=24
+):
   """training.Loop steps/s of the small translation Transformer."""
   rs = np.random.RandomState(0)
   src = rs.randint(1, 512, (batch, length)).astype(np.int32)
@@ -149,14 +167,18 @@ def training_steps_per_second(implementations, steps=20, rounds=3,
   batches = itertools.repeat((src, tgt, np.ones_like(tgt, np.float32)))
   fns = {}
   for impl in implementations:
-    task = training.TrainTask(batches, tl.WeightedCategoryCrossEntropy(),
-                              trax.optimizers.Adam(1e-3))
-    loop = training.Loop(_small_transformer(impl,
-                                            'train'), task,
-                         eval_at=lambda _: False,
-                         checkpoint_at=lambda _: False)
+    task = training.TrainTask(
+      batches, tl.WeightedCategoryCrossEntropy(), trax.optimizers.Adam(1e-3)
+    )
+    loop = training.Loop(
+      _small_transformer(impl, 'train'),
+      task,
+      eval_at=lambda _: False,
+      checkpoint_at=lambda _: False,
+    )
     fns[impl] = functools.partial(
-        lambda loop: (loop.run(steps), loop.model.weights)[1], loop)
+      lambda loop: (loop.run(steps), loop.model.weights)[1], loop
+    )
   seconds = timing.interleaved_medians(fns, rounds)
   return {impl: steps / s for impl, s in seconds.items()}
 
@@ -165,27 +187,38 @@ def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
   """All benchmarks; returns the results dict."""
   layer_shapes = LAYER_SHAPES[:2] if quick else LAYER_SHAPES
   cross = (1, 64, 1024, 256, 8) if quick else CROSS_SHAPE
-  results = {'device': jax.devices()[0].device_kind,
-             'backend': jax.default_backend(), 'rounds': rounds,
-             'matmul_gflops': timing.matmul_flops_per_second(
-                 1024 if quick else 2048, rounds) / 1e9}
-  log(f"matmul: {results['matmul_gflops']:.1f} GFLOP/s")
+  results = {
+    'device': jax.devices()[0].device_kind,
+    'backend': jax.default_backend(),
+    'rounds': rounds,
+    'matmul_gflops': timing.matmul_flops_per_second(
+      1024 if quick else 2048, rounds
+    )
+    / 1e9,
+  }
+  log(f'matmul: {results["matmul_gflops"]:.1f} GFLOP/s')
   results['layers'] = []
   for shape in layer_shapes + (cross,):
     batch, lq, lk, d, heads = shape
     log(f'AttentionQKV batch {batch} Lq {lq} Lk {lk} d {d} heads {heads} ...')
     timings = bench_layer_shape(batch, lq, lk, d, heads, rounds)
-    results['layers'].append({'shape': dict(batch=batch, lq=lq, lk=lk,
-                                            d_model=d, heads=heads),
-                              'cross': shape == cross, 'results': timings})
+    results['layers'].append(
+      {
+        'shape': dict(batch=batch, lq=lq, lk=lk, d_model=d, heads=heads),
+        'cross': shape == cross,
+        'results': timings,
+      }
+    )
     log(format_shape_row(results['layers'][-1]))
   impls = [BUILTIN, 'reference', 'auto']
   log('decoding ...')
   results['decode_tokens_per_s'] = decoding_tokens_per_second(
-      impls, steps=8 if quick else 32, rounds=rounds)
+    impls, steps=8 if quick else 32, rounds=rounds
+  )
   log('training ...')
   results['train_steps_per_s'] = training_steps_per_second(
-      impls, steps=5 if quick else 20, rounds=rounds)
+    impls, steps=5 if quick else 20, rounds=rounds
+  )
   return results
 
 
@@ -198,70 +231,100 @@ def round_speedups(entry, name, key):
 
 
 def format_shape_row(entry):
+  """A line per contender: its times and speed-ups over the built-in."""
   base = entry['results'][BUILTIN]
-  parts = []
-  for name, r in entry['results'].items():
-    parts.append(f"{name}: fwd {r['fwd_ms']:.1f} ms "
-                 f"(x{base['fwd_ms'] / r['fwd_ms']:.2f}), fwd+bwd "
-                 f"{r['fwd_bwd_ms']:.1f} ms "
-                 f"(x{base['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f})")
-  return '  ' + '\n  '.join(parts)
+
+  def timed(r, key):
+    return f'{r[key]:.1f} ms (x{base[key] / r[key]:.2f})'
+
+  return '  ' + '\n  '.join(
+    f'{name}: fwd {timed(r, "fwd_ms")}, fwd+bwd {timed(r, "fwd_bwd_ms")}'
+    for name, r in entry['results'].items()
+  )
 
 
 def _shape_label(shape):
-  return ', '.join(str(shape[key])
-                   for key in ('batch', 'lq', 'lk', 'd_model', 'heads'))
+  return ', '.join(
+    str(shape[key]) for key in ('batch', 'lq', 'lk', 'd_model', 'heads')
+  )
 
 
 def markdown(results):
   """The README table: speed-ups are built-in time / contender time."""
   names = list(results['layers'][0]['results'])
   lines = [
-      f"Device: {results['device']} ({results['backend']}); medians of "
-      f"{results['rounds']} interleaved rounds; matmul "
-      f"{results['matmul_gflops']:.1f} GFLOP/s.", '',
-      '| batch, Lq, Lk, d, heads | pass | ' + ' | '.join(names) + ' |',
-      '|---|---|' + '---|' * len(names)]
+    f'Device: {results["device"]} ({results["backend"]}); medians of '
+    f'{results["rounds"]} interleaved rounds; matmul '
+    f'{results["matmul_gflops"]:.1f} GFLOP/s.',
+    '',
+    '| batch, Lq, Lk, d, heads | pass | ' + ' | '.join(names) + ' |',
+    '|---|---|' + '---|' * len(names),
+  ]
   for entry in results['layers']:
     label = _shape_label(entry['shape'])
     base = entry['results'][BUILTIN]
     for key, title in (('fwd', 'fwd'), ('fwd_bwd', 'fwd+bwd')):
-      cells = [f"{r[f'{key}_ms']:.1f} ms "
-               f"(x{base[f'{key}_ms'] / r[f'{key}_ms']:.2f})"
-               for r in entry['results'].values()]
+      cells = [
+        f'{r[f"{key}_ms"]:.1f} ms (x{base[f"{key}_ms"] / r[f"{key}_ms"]:.2f})'
+        for r in entry['results'].values()
+      ]
       lines.append(f'| {label} | {title} | ' + ' | '.join(cells) + ' |')
-    cells = [f"{r['fwd_bwd_temp_mb']:.0f} MB"
-             if r['fwd_bwd_temp_mb'] is not None else 'n/a'
-             for r in entry['results'].values()]
-    lines.append(f'| {label} | fwd+bwd temp memory | ' + ' | '.join(cells) +
-                 ' |')
-    cells = [f"{r['fwd_bwd_page_faults'] / 1e3:.1f}k "
-             f"({r['fwd_bwd_kernel_ms']:.0f} ms)"
-             for r in entry['results'].values()]
-    lines.append(f'| {label} | fwd+bwd page faults / call (kernel time) | '
-                 + ' | '.join(cells) + ' |')
+    cells = [
+      f'{r["fwd_bwd_temp_mb"]:.0f} MB'
+      if r['fwd_bwd_temp_mb'] is not None
+      else 'n/a'
+      for r in entry['results'].values()
+    ]
+    lines.append(
+      f'| {label} | fwd+bwd temp memory | ' + ' | '.join(cells) + ' |'
+    )
+    cells = [
+      f'{r["fwd_bwd_page_faults"] / 1e3:.1f}k ({r["fwd_bwd_kernel_ms"]:.0f} ms)'
+      for r in entry['results'].values()
+    ]
+    lines.append(
+      f'| {label} | fwd+bwd page faults / call (kernel time) | '
+      + ' | '.join(cells)
+      + ' |'
+    )
     matmul = results['matmul_gflops']
-    cells = [f"{r['fwd_gflops']:.1f} ({r['fwd_gflops'] / matmul:.0%})"
-             for r in entry['results'].values()]
-    lines.append(f'| {label} | fwd GFLOP/s (% of matmul) | ' +
-                 ' | '.join(cells) + ' |')
-  lines += ['', "Per-round speed-ups of 'auto' (built-in / 'auto' in the same "
-            'round): median [25th-75th percentile].', '',
-            '| batch, Lq, Lk, d, heads | fwd | fwd+bwd |', '|---|---|---|']
+    cells = [
+      f'{r["fwd_gflops"]:.1f} ({r["fwd_gflops"] / matmul:.0%})'
+      for r in entry['results'].values()
+    ]
+    lines.append(
+      f'| {label} | fwd GFLOP/s (% of matmul) | ' + ' | '.join(cells) + ' |'
+    )
+  lines += [
+    '',
+    "Per-round speed-ups of 'auto' (built-in / 'auto' in the same "
+    'round): median [25th-75th percentile].',
+    '',
+    '| batch, Lq, Lk, d, heads | fwd | fwd+bwd |',
+    '|---|---|---|',
+  ]
   for entry in results['layers']:
     cells = []
     for key in ('fwd', 'fwd_bwd'):
-      low, mid, high = np.percentile(round_speedups(entry, 'auto', key),
-                                     (25, 50, 75))
+      low, mid, high = np.percentile(
+        round_speedups(entry, 'auto', key), (25, 50, 75)
+      )
       cells.append(f'x{mid:.2f} [{low:.2f}-{high:.2f}]')
-    lines.append(f"| {_shape_label(entry['shape'])} | " + ' | '.join(cells)
-                 + ' |')
-  for key, title in (('decode_tokens_per_s', 'greedy decoding, tokens/s'),
-                     ('train_steps_per_s', 'training.Loop, steps/s')):
+    lines.append(
+      f'| {_shape_label(entry["shape"])} | ' + ' | '.join(cells) + ' |'
+    )
+  for key, title in (
+    ('decode_tokens_per_s', 'greedy decoding, tokens/s'),
+    ('train_steps_per_s', 'training.Loop, steps/s'),
+  ):
     base = results[key][BUILTIN]
-    lines += ['', f'{title}: ' + ', '.join(
-        f'{name} {v:.1f} (x{v / base:.2f})' for name, v in
-        results[key].items())]
+    lines += [
+      '',
+      f'{title}: '
+      + ', '.join(
+        f'{name} {v:.1f} (x{v / base:.2f})' for name, v in results[key].items()
+      ),
+    ]
   return '\n'.join(lines) + '\n'
 
 

@@ -37,8 +37,9 @@ def interleaved_medians(fns, rounds, **timing):
   return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def interleaved_times(fns, rounds, warmup=1, calls=1, settle=0.0, untimed=0,
-                      min_turn_seconds=0.0):
+def interleaved_times(
+  fns, rounds, warmup=1, calls=1, settle=0.0, untimed=0, min_turn_seconds=0.0
+):
   """{name: [seconds per call in each round]} of zero-argument callables.
 
   Contenders run round-robin, one turn each per round, so that a machine
@@ -65,8 +66,11 @@ def interleaved_times(fns, rounds, warmup=1, calls=1, settle=0.0, untimed=0,
       start = time.perf_counter()
       block_until_ready(fn())
       seconds = time.perf_counter() - start
-    turn_calls[name] = calls if not min_turn_seconds else max(
-        calls, math.ceil(min_turn_seconds / seconds))
+    turn_calls[name] = (
+      calls
+      if not min_turn_seconds
+      else max(calls, math.ceil(min_turn_seconds / seconds))
+    )
   times = {name: [] for name in fns}
   names = list(fns)
   for round_index in range(rounds):
@@ -97,17 +101,20 @@ def page_faults_per_call(fn, calls=3):
   for _ in range(calls):
     block_until_ready(fn())
   after = resource.getrusage(resource.RUSAGE_SELF)
-  return ((after.ru_minflt - before.ru_minflt) / calls,
-          (after.ru_stime - before.ru_stime) / calls)
+  return (
+    (after.ru_minflt - before.ru_minflt) / calls,
+    (after.ru_stime - before.ru_stime) / calls,
+  )
 
 
 def matmul_flops_per_second(n=2048, rounds=5, dtype=jnp.float32, calls=1):
   """The machine's measured (n, n) @ (n, n) rate, FLOP/s."""
   a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
   f = jax.jit(lambda x, y: x @ y)
-  seconds = interleaved_medians({'matmul': lambda: f(a, a)}, rounds,
-                                calls=calls)['matmul']
-  return 2 * n ** 3 / seconds
+  seconds = interleaved_medians(
+    {'matmul': lambda: f(a, a)}, rounds, calls=calls
+  )['matmul']
+  return 2 * n**3 / seconds
 
 
 def compile_with_temp_bytes(fn, *args):

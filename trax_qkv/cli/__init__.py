@@ -10,11 +10,15 @@ def new_parser(prog, doc):
   its --verbose flag (read by `_trax_qkv_cli` before the command is
   imported)."""
   parser = argparse.ArgumentParser(
-      prog=prog, description=doc,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+    prog=prog,
+    description=doc,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument(
-      '--verbose', action='store_true',
-      help="show TensorFlow's, XLA's, Gym's and gin's start-up output")
+    '--verbose',
+    action='store_true',
+    help="show TensorFlow's, XLA's, Gym's and gin's start-up output",
+  )
   return parser
 
 
@@ -24,7 +28,8 @@ def site_implementation(text):
   site, equals, name = text.partition('=')
   if not equals or not site or not name:
     raise argparse.ArgumentTypeError(
-        f'must be SITE=NAME, e.g. cross_attention=auto; got {text!r}')
+      f'must be SITE=NAME, e.g. cross_attention=auto; got {text!r}'
+    )
   return site, name
 
 
@@ -33,13 +38,18 @@ def add_attention_flag(parser):
   instead of what the model was trained with."""
   from trax_qkv import kernels
   from trax_qkv.models import registry
+
   parser.add_argument(
-      '--attention', type=site_implementation, action='append', default=[],
-      metavar='SITE=NAME',
-      help='run NAME in SITE instead of what the model was trained with; '
-      f"repeat for several sites. Sites: {', '.join(registry.SITES)}; "
-      f"names: 'trax' (Trax's layer), a kernel or 'auto' "
-      f"({', '.join(kernels.names())}; default: as trained)")
+    '--attention',
+    type=site_implementation,
+    action='append',
+    default=[],
+    metavar='SITE=NAME',
+    help='run NAME in SITE instead of what the model was trained with; '
+    f'repeat for several sites. Sites: {", ".join(registry.SITES)}; '
+    f"names: 'trax' (Trax's layer), a kernel or 'auto' "
+    f'({", ".join(kernels.names())}; default: as trained)',
+  )
 
 
 def attention_from_flags(args):
@@ -49,6 +59,7 @@ def attention_from_flags(args):
     ValueError: a site or name that the registry does not know.
   """
   from trax_qkv.models import registry
+
   attention = dict(args.attention) or None
   for site, name in (attention or {}).items():
     registry.resolve_attention(site, name)
@@ -66,10 +77,28 @@ def positive_int(text):
   return value
 
 
+def add_positive_int(parser, flag, default, help):
+  """A flag taking an int >= 1; `help` says what it is, without the
+  default, which is added."""
+  parser.add_argument(
+    flag,
+    type=positive_int,
+    default=default,
+    help=f'{help} (default: {default})',
+  )
+
+
 def add_timing_flags(parser, output_dir, files, default_rounds):
   """--output_dir and --rounds of a benchmark command."""
-  parser.add_argument('--output_dir', default=output_dir,
-                      help=f'where {files} go (default: {output_dir})')
-  parser.add_argument('--rounds', type=positive_int, default=default_rounds,
-                      help='interleaved timing rounds per measurement '
-                      f'(default: {default_rounds})')
+  parser.add_argument(
+    '--output_dir',
+    default=output_dir,
+    help=f'where {files} go (default: {output_dir})',
+  )
+  parser.add_argument(
+    '--rounds',
+    type=positive_int,
+    default=default_rounds,
+    help='interleaved timing rounds per measurement '
+    f'(default: {default_rounds})',
+  )

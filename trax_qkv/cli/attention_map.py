@@ -21,20 +21,31 @@ from trax_qkv import cli
 
 def build_parser():
   parser = cli.new_parser('trax-qkv-attention-map', __doc__)
-  parser.add_argument('--model_dir', required=True,
-                      help='directory of a trained model, e.g. '
-                      'runs/validate/reference')
-  parser.add_argument('--source', required=True,
-                      help='the source sentence')
-  parser.add_argument('--target', default=None,
-                      help='the target sentence to teacher-force (default: '
-                      "the model's greedy translation)")
-  parser.add_argument('--output', default=None,
-                      help='file to write (default: attention_map.png, or '
-                      '.json with --format json)')
-  parser.add_argument('--format', choices=('png', 'json'), default='png',
-                      help='png: the map; json: the weights, per layer '
-                      '[head][target token][source token] (default: png)')
+  parser.add_argument(
+    '--model_dir',
+    required=True,
+    help='directory of a trained model, e.g. runs/validate/reference',
+  )
+  parser.add_argument('--source', required=True, help='the source sentence')
+  parser.add_argument(
+    '--target',
+    default=None,
+    help='the target sentence to teacher-force (default: '
+    "the model's greedy translation)",
+  )
+  parser.add_argument(
+    '--output',
+    default=None,
+    help='file to write (default: attention_map.png, or '
+    '.json with --format json)',
+  )
+  parser.add_argument(
+    '--format',
+    choices=('png', 'json'),
+    default='png',
+    help='png: the map; json: the weights, per layer '
+    '[head][target token][source token] (default: png)',
+  )
   cli.add_attention_flag(parser)
   return parser
 
@@ -43,14 +54,18 @@ def check_output(path):
   """Raises ValueError unless `path` can be written as a file: not a
   directory, and inside a directory that exists or can be created."""
   from trax_qkv import files
+
   path = os.path.abspath(path)
   if os.path.isdir(path):
-    raise ValueError(f'output {path} is a directory; give a file name, e.g. '
-                     f'{os.path.join(path, "attention_map.png")}.')
+    raise ValueError(
+      f'output {path} is a directory; give a file name, e.g. '
+      f'{os.path.join(path, "attention_map.png")}.'
+    )
   parent = files.nearest_existing(os.path.dirname(path))
   if not os.path.isdir(parent):
-    raise ValueError(f'output {path} cannot be written: {parent} is a file, '
-                     'not a directory.')
+    raise ValueError(
+      f'output {path} cannot be written: {parent} is a file, not a directory.'
+    )
 
 
 def main(argv=None):
@@ -58,24 +73,39 @@ def main(argv=None):
   output = args.output or f'attention_map.{args.format}'
   from trax_qkv import files
   from trax_qkv.supervised import attention_maps
+
   try:
     check_output(output)
-    source_tokens, target_tokens, weights, target = (
-        attention_maps.for_sentence(args.model_dir, args.source,
-                                    args.target,
-                                    cli.attention_from_flags(args)))
+    source_tokens, target_tokens, weights, target = attention_maps.for_sentence(
+      args.model_dir, args.source, args.target, cli.attention_from_flags(args)
+    )
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   if args.format == 'json':
-    files.write_text(output, json.dumps(
-        {'source': args.source, 'target': target,
-         'source_tokens': source_tokens, 'target_tokens': target_tokens,
-         'weights': [w.tolist() for w in weights]}, ensure_ascii=False))
+    files.write_text(
+      output,
+      json.dumps(
+        {
+          'source': args.source,
+          'target': target,
+          'source_tokens': source_tokens,
+          'target_tokens': target_tokens,
+          'weights': [w.tolist() for w in weights],
+        },
+        ensure_ascii=False,
+      ),
+    )
   else:
     from trax_qkv.validation import report
-    report.plot_heatmaps(weights, source_tokens, target_tokens, output,
-                         f'"{args.source}" -> "{target}"')
+
+    report.plot_heatmaps(
+      weights,
+      source_tokens,
+      target_tokens,
+      output,
+      f'"{args.source}" -> "{target}"',
+    )
   print(output)
   return 0

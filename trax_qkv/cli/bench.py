@@ -20,17 +20,24 @@ from trax_qkv.benchmarks import models as model_bench
 
 def build_parser():
   parser = cli.new_parser('trax-qkv-bench', __doc__)
-  cli.add_timing_flags(parser, 'runs/bench', 'bench.json and bench.md',
-                       bench.DEFAULT_ROUNDS)
-  parser.add_argument('--quick', action='store_true',
-                      help='small shapes only (a smoke test, not the table)')
+  cli.add_timing_flags(
+    parser, 'runs/bench', 'bench.json and bench.md', bench.DEFAULT_ROUNDS
+  )
   parser.add_argument(
-      '--only', choices=('layers', 'models', 'checkpoints'), default=None,
-      help='run one part: the attention layers (AttentionQKV alone, ~15 '
-      'min on 2 cores), whole trax.models with trax_qkv in every site '
-      '(TransformerLM, Transformer; ~15 min) or loading a checkpoint of '
-      "the Multi30k-sized model with Trax's reader and trax_qkv's (~2 "
-      'min); default layers and models')
+    '--quick',
+    action='store_true',
+    help='small shapes only (a smoke test, not the table)',
+  )
+  parser.add_argument(
+    '--only',
+    choices=('layers', 'models', 'checkpoints'),
+    default=None,
+    help='run one part: the attention layers (AttentionQKV alone, ~15 '
+    'min on 2 cores), whole trax.models with trax_qkv in every site '
+    '(TransformerLM, Transformer; ~15 min) or loading a checkpoint of '
+    "the Multi30k-sized model with Trax's reader and trax_qkv's (~2 "
+    'min); default layers and models',
+  )
   return parser
 
 
@@ -43,16 +50,19 @@ def main(argv=None):
     print(f'written to {args.output_dir}/bench.json and bench.md')
   if args.only in (None, 'models'):
     results = model_bench.run(
-        rounds=min(args.rounds, model_bench.DEFAULT_ROUNDS), quick=args.quick)
+      rounds=min(args.rounds, model_bench.DEFAULT_ROUNDS), quick=args.quick
+    )
     model_bench.write(results, args.output_dir)
     print(model_bench.markdown(results))
-    print(f'written to {args.output_dir}/bench_models.json and '
-          'bench_models.md')
+    print(f'written to {args.output_dir}/bench_models.json and bench_models.md')
   if args.only == 'checkpoints':
     results = checkpoint_bench.run(
-        rounds=max(args.rounds, checkpoint_bench.DEFAULT_ROUNDS))
+      rounds=max(args.rounds, checkpoint_bench.DEFAULT_ROUNDS)
+    )
     checkpoint_bench.write(results, args.output_dir)
     print(checkpoint_bench.markdown(results))
-    print(f'written to {args.output_dir}/bench_checkpoints.json and '
-          'bench_checkpoints.md')
+    print(
+      f'written to {args.output_dir}/bench_checkpoints.json and '
+      'bench_checkpoints.md'
+    )
   return 0

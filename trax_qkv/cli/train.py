@@ -14,24 +14,34 @@ from trax_qkv import cli
 
 def build_parser():
   parser = cli.new_parser('trax-qkv-train', __doc__)
-  parser.add_argument('--config_file', action='append', default=[],
-                      help='gin config file (repeatable, parsed in order)')
-  parser.add_argument('--config', action='append', default=[],
-                      help="gin binding, e.g. 'train.steps = 100' "
-                      '(repeatable)')
-  parser.add_argument('--output_dir', required=True,
-                      help='checkpoints and logs; an earlier run here resumes')
+  parser.add_argument(
+    '--config_file',
+    action='append',
+    default=[],
+    help='gin config file (repeatable, parsed in order)',
+  )
+  parser.add_argument(
+    '--config',
+    action='append',
+    default=[],
+    help="gin binding, e.g. 'train.steps = 100' (repeatable)",
+  )
+  parser.add_argument(
+    '--output_dir',
+    required=True,
+    help='checkpoints and logs; an earlier run here resumes',
+  )
   return parser
 
 
 def main(argv=None):
   parser = build_parser()
   args = parser.parse_args(argv)
-  from trax_qkv.supervised import checkpointing  # pylint: disable=g-import-not-at-top
-  from trax_qkv.supervised import training  # pylint: disable=g-import-not-at-top
+  from trax_qkv.supervised import checkpointing
+  from trax_qkv.supervised import training
+
   try:
-    training.train_from_configs(args.config_file, args.config,
-                                args.output_dir)
+    training.train_from_configs(args.config_file, args.config, args.output_dir)
   except (ValueError, PermissionError) as e:  # the command line
     parser.exit(2, f'error: {e}\n')
   except checkpointing.RunError as e:  # the run, stopped intact

@@ -18,23 +18,32 @@ from trax_qkv import cli
 
 def build_parser():
   parser = cli.new_parser('trax-qkv-translate', __doc__)
-  parser.add_argument('sentences', nargs='*',
-                      help='sentences to translate (default: standard '
-                      'input, one per line)')
-  parser.add_argument('--model_dir', required=True,
-                      help='directory of a trained model, e.g. '
-                      'runs/validate/reference')
-  parser.add_argument('--beam', type=cli.positive_int, default=1,
-                      help='beam size; 1 decodes greedily (default: 1)')
-  parser.add_argument('--alpha', type=float, default=0.6,
-                      help='GNMT length penalty of beam search (default: '
-                      '0.6)')
-  parser.add_argument('--batch_size', type=cli.positive_int, default=32,
-                      help='sentences decoded at once (default: 32)')
-  parser.add_argument('--max_length', type=cli.positive_int, default=None,
-                      help='most tokens decoded per sentence (default: '
-                      'twice the longest source + 10, within the model\'s '
-                      'max_len)')
+  parser.add_argument(
+    'sentences',
+    nargs='*',
+    help='sentences to translate (default: standard input, one per line)',
+  )
+  parser.add_argument(
+    '--model_dir',
+    required=True,
+    help='directory of a trained model, e.g. runs/validate/reference',
+  )
+  cli.add_positive_int(parser, '--beam', 1, 'beam size; 1 decodes greedily')
+  parser.add_argument(
+    '--alpha',
+    type=float,
+    default=0.6,
+    help='GNMT length penalty of beam search (default: 0.6)',
+  )
+  cli.add_positive_int(parser, '--batch_size', 32, 'sentences decoded at once')
+  parser.add_argument(
+    '--max_length',
+    type=cli.positive_int,
+    default=None,
+    help='most tokens decoded per sentence (default: '
+    "twice the longest source + 10, within the model's "
+    'max_len)',
+  )
   cli.add_attention_flag(parser)
   return parser
 
@@ -47,25 +56,33 @@ def read_lines(file, name):
     try:
       lines.append(line.decode('utf-8'))
     except UnicodeDecodeError as e:
-      raise ValueError(f'{name} line {number} is not UTF-8 text ({e.reason} '
-                       f'at byte {e.start}); give one sentence per line in '
-                       'UTF-8.') from None
+      raise ValueError(
+        f'{name} line {number} is not UTF-8 text ({e.reason} '
+        f'at byte {e.start}); give one sentence per line in '
+        'UTF-8.'
+      ) from None
   return lines
 
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
   from trax_qkv.supervised import translation
+
   sentences = args.sentences
   try:
     attention = cli.attention_from_flags(args)
     if not sentences and not sys.stdin.isatty():
       sentences = read_lines(sys.stdin.buffer, 'standard input')
     translations = translation.translate(
-        args.model_dir, sentences, n_beams=args.beam, alpha=args.alpha,
-        attention=attention, batch_size=args.batch_size,
-        max_length=args.max_length,
-        log=lambda line: print(line, file=sys.stderr))
+      args.model_dir,
+      sentences,
+      n_beams=args.beam,
+      alpha=args.alpha,
+      attention=attention,
+      batch_size=args.batch_size,
+      max_length=args.max_length,
+      log=lambda line: print(line, file=sys.stderr),
+    )
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

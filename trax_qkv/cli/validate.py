@@ -25,17 +25,19 @@ DEFAULT_OUTPUT_DIR = 'runs/validate'
 def build_parser():
   parser = cli.new_parser('trax-qkv-validate', __doc__)
   parser.add_argument(
-      '--output_dir', default=DEFAULT_OUTPUT_DIR,
-      help='where the report and checkpoints go (default: '
-      f'{DEFAULT_OUTPUT_DIR})')
+    '--output_dir',
+    default=DEFAULT_OUTPUT_DIR,
+    help=f'where the report and checkpoints go (default: {DEFAULT_OUTPUT_DIR})',
+  )
   config_lib.add_flags(parser)
   return parser
 
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
-  from trax_qkv.supervised import checkpointing  # pylint: disable=g-import-not-at-top
-  from trax_qkv.validation import run  # pylint: disable=g-import-not-at-top
+  from trax_qkv.supervised import checkpointing
+  from trax_qkv.validation import run
+
   try:
     run.run_validation(config_lib.from_flags(args), args.output_dir)
   except (ValueError, PermissionError) as e:  # the command line

@@ -5,9 +5,9 @@ Generated with num2words, no download. German puts units before tens
 non-monotonic alignments.
 """
 
+from num2words import num2words
 import numpy as np
 import tensorflow_datasets as tfds
-from num2words import num2words
 
 
 class NumbersConfig(tfds.core.BuilderConfig):
@@ -24,12 +24,15 @@ class NumbersConfig(tfds.core.BuilderConfig):
 def number_splits(max_number, n_validation, n_test, seed=0):
   """{split: sorted numbers}; deterministic and pairwise disjoint."""
   numbers = np.random.RandomState(seed).permutation(
-      np.arange(1, max_number + 1))
-  test, validation = numbers[:n_test], numbers[n_test:n_test + n_validation]
-  train = numbers[n_test + n_validation:]
-  return {'train': sorted(train.tolist()),
-          'validation': sorted(validation.tolist()),
-          'test': sorted(test.tolist())}
+    np.arange(1, max_number + 1)
+  )
+  test, validation = numbers[:n_test], numbers[n_test : n_test + n_validation]
+  train = numbers[n_test + n_validation :]
+  return {
+    'train': sorted(train.tolist()),
+    'validation': sorted(validation.tolist()),
+    'test': sorted(test.tolist()),
+  }
 
 
 def number_pair(n):
@@ -41,26 +44,38 @@ class TraxQkvNumbers(tfds.core.GeneratorBasedBuilder):
   """English number words -> German number words, generated locally."""
 
   BUILDER_CONFIGS = [
-      NumbersConfig(name='default', max_number=9999, n_validation=500,
-                    n_test=500,
-                    description='1..9999: 8999 train, 500 val, 500 test.'),
-      NumbersConfig(name='tiny', max_number=200, n_validation=20, n_test=20,
-                    description='1..200, for tests.'),
+    NumbersConfig(
+      name='default',
+      max_number=9999,
+      n_validation=500,
+      n_test=500,
+      description='1..9999: 8999 train, 500 val, 500 test.',
+    ),
+    NumbersConfig(
+      name='tiny',
+      max_number=200,
+      n_validation=20,
+      n_test=20,
+      description='1..200, for tests.',
+    ),
   ]
 
   def _info(self):
     return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            'en': tfds.features.Text(), 'de': tfds.features.Text()}),
-        supervised_keys=('en', 'de'),
-        homepage='https://pypi.org/project/num2words/')
+      features=tfds.features.FeaturesDict(
+        {'en': tfds.features.Text(), 'de': tfds.features.Text()}
+      ),
+      supervised_keys=('en', 'de'),
+      homepage='https://pypi.org/project/num2words/',
+    )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # nothing to download
     c = self.builder_config
     splits = number_splits(c.max_number, c.n_validation, c.n_test, c.seed)
-    return {name: self._generate_examples(numbers)
-            for name, numbers in splits.items()}
+    return {
+      name: self._generate_examples(numbers) for name, numbers in splits.items()
+    }
 
   def _generate_examples(self, numbers):
     for n in numbers:

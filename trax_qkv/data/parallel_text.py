@@ -15,9 +15,9 @@ import tensorflow_datasets as tfds
 # File-name prefixes accepted for each split in a parallel-text directory,
 # in order of preference (Multi30k ships val.* and test2016.*).
 SPLIT_FILE_PREFIXES = {
-    'train': ('train',),
-    'validation': ('validation', 'val', 'valid', 'dev'),
-    'test': ('test', 'test2016'),
+  'train': ('train',),
+  'validation': ('validation', 'val', 'valid', 'dev'),
+  'test': ('test', 'test2016'),
 }
 
 
@@ -32,31 +32,35 @@ def read_parallel_split(directory, split, src, tgt):
     path = os.path.join(directory, f'{split}.{lang}')
     if not os.path.isfile(path):
       raise ParallelTextError(
-          f'missing file {path}: a parallel-text directory needs '
-          f'{{split}}.{{lang}} files, one sentence per line, for '
-          f'languages {src!r} and {tgt!r}.')
+        f'missing file {path}: a parallel-text directory needs '
+        f'{{split}}.{{lang}} files, one sentence per line, for '
+        f'languages {src!r} and {tgt!r}.'
+      )
     with open(path, 'rb') as f:
       raw = f.read()
     try:
       text = raw.decode('utf-8')
     except UnicodeDecodeError as e:
-      line = raw[:e.start].count(b'\n') + 1
+      line = raw[: e.start].count(b'\n') + 1
       raise ParallelTextError(
-          f'{path}, line {line}: not valid UTF-8 ({e.reason}); expected '
-          'UTF-8 text, one sentence per line.') from None
+        f'{path}, line {line}: not valid UTF-8 ({e.reason}); expected '
+        'UTF-8 text, one sentence per line.'
+      ) from None
     lines = text.split('\n')
     if lines and lines[-1] == '':
       lines.pop()  # the final newline ends the last line
     for number, line in enumerate(lines, start=1):
       if not line.strip():
         raise ParallelTextError(
-            f'{path}, line {number}: empty line; every line must hold one '
-            'sentence (remove the pair from both files).')
+          f'{path}, line {number}: empty line; every line must hold one '
+          'sentence (remove the pair from both files).'
+        )
     columns.append([line.strip() for line in lines])
   if len(columns[0]) != len(columns[1]):
     raise ParallelTextError(
-        f'{split}.{src} has {len(columns[0])} lines but {split}.{tgt} has '
-        f'{len(columns[1])}: the two sides must be line-aligned.')
+      f'{split}.{src} has {len(columns[0])} lines but {split}.{tgt} has '
+      f'{len(columns[1])}: the two sides must be line-aligned.'
+    )
   return columns[0], columns[1]
 
 
@@ -71,7 +75,9 @@ def split_files(directory, src):
   return found
 
 
-class _ParallelTextBase(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class _ParallelTextBase(
+  tfds.core.GeneratorBasedBuilder, skip_registration=True
+):
   """Base of the per-directory builders made by `parallel_text_dataset`."""
 
   VERSION = tfds.core.Version('1.0.0')
@@ -81,16 +87,20 @@ class _ParallelTextBase(tfds.core.GeneratorBasedBuilder, skip_registration=True)
   def _info(self):
     src, tgt = self.LANGS
     return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            src: tfds.features.Text(), tgt: tfds.features.Text()}),
-        supervised_keys=(src, tgt),
-        description=f'Parallel text from {self.DIRECTORY}.')
+      features=tfds.features.FeaturesDict(
+        {src: tfds.features.Text(), tgt: tfds.features.Text()}
+      ),
+      supervised_keys=(src, tgt),
+      description=f'Parallel text from {self.DIRECTORY}.',
+    )
 
   def _split_generators(self, dl_manager):
     del dl_manager
     src, tgt = self.LANGS
-    return {split: self._generate_examples(prefix)
-            for split, prefix in split_files(self.DIRECTORY, src).items()}
+    return {
+      split: self._generate_examples(prefix)
+      for split, prefix in split_files(self.DIRECTORY, src).items()
+    }
 
   def _generate_examples(self, prefix):
     src, tgt = self.LANGS
@@ -112,17 +122,20 @@ def parallel_text_dataset(directory, src, tgt):
   for name, value in (('src', src), ('tgt', tgt)):
     if not isinstance(value, str) or not re.fullmatch(r'[A-Za-z_-]+', value):
       raise ParallelTextError(
-          f'{name} must be a language suffix such as "de"; got {value!r}.')
+        f'{name} must be a language suffix such as "de"; got {value!r}.'
+      )
   directory = os.path.abspath(os.path.expanduser(directory))
   if not os.path.isdir(directory):
     raise ParallelTextError(
-        f'directory {directory} does not exist; expected a directory with '
-        f'{{split}}.{src} and {{split}}.{tgt} files.')
+      f'directory {directory} does not exist; expected a directory with '
+      f'{{split}}.{src} and {{split}}.{tgt} files.'
+    )
   splits = split_files(directory, src)
   if 'train' not in splits or len(splits) < 2:
     raise ParallelTextError(
-        f'{directory} needs train.{src}/train.{tgt} and a validation or test '
-        f'split (file prefixes {SPLIT_FILE_PREFIXES}); found {splits}.')
+      f'{directory} needs train.{src}/train.{tgt} and a validation or test '
+      f'split (file prefixes {SPLIT_FILE_PREFIXES}); found {splits}.'
+    )
   for prefix in splits.values():
     read_parallel_split(directory, prefix, src, tgt)
 
@@ -131,7 +144,13 @@ def parallel_text_dataset(directory, src, tgt):
   name = f'trax_qkv_parallel_{slug}_{src}_{tgt}_{digest}'.replace('__', '_')
   if name not in _PARALLEL_BUILDERS:
     _PARALLEL_BUILDERS[name] = type(
-        f'ParallelText_{digest}', (_ParallelTextBase,),
-        {'name': name, 'DIRECTORY': directory, 'LANGS': (src, tgt),
-         '__module__': __name__})
+      f'ParallelText_{digest}',
+      (_ParallelTextBase,),
+      {
+        'name': name,
+        'DIRECTORY': directory,
+        'LANGS': (src, tgt),
+        '__module__': __name__,
+      },
+    )
   return name

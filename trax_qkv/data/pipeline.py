@@ -38,14 +38,18 @@ def vocab_path(dataset_name, keys, target_size, data_dir=None):
 
 def build_vocab(dataset_name, keys, target_size, data_dir=None):
   """Builds (once) a shared subword vocabulary from the training split."""
-  vocab_dir, vocab_file = vocab_path(dataset_name, keys, target_size,
-                                     data_dir)
+  vocab_dir, vocab_file = vocab_path(dataset_name, keys, target_size, data_dir)
   path = os.path.join(vocab_dir, vocab_file)
   if not os.path.exists(path):
     encoder = text_encoder.SubwordTextEncoder.build_from_generator(
-        (text for pair in load_split(dataset_name, 'train', keys, data_dir)
-         for text in pair),
-        target_size, max_subtoken_length=12)
+      (
+        text
+        for pair in load_split(dataset_name, 'train', keys, data_dir)
+        for text in pair
+      ),
+      target_size,
+      max_subtoken_length=12,
+    )
     os.makedirs(vocab_dir, exist_ok=True)
     with files.atomic_path(path) as tmp:
       encoder.store_to_file(tmp)
@@ -56,8 +60,11 @@ def load_vocab(vocab_dir, vocab_file):
   return text_encoder.SubwordTextEncoder(os.path.join(vocab_dir, vocab_file))
 
 
-class TranslationData(collections.namedtuple(
-    'TranslationData', 'name keys data_dir vocab_dir vocab_file')):
+class TranslationData(
+  collections.namedtuple(
+    'TranslationData', 'name keys data_dir vocab_dir vocab_file'
+  )
+):
   """A prepared translation data set and its vocabulary.
 
   Attributes: TFDS `name`, (source, target) `keys`, TFDS `data_dir`, and the
@@ -68,9 +75,13 @@ class TranslationData(collections.namedtuple(
     return load_vocab(self.vocab_dir, self.vocab_file)
 
 
-def prepare_translation_data(dataset='trax_qkv_numbers', keys=('en', 'de'),
-                             source_dir=None, data_dir=None,
-                             vocab_size=2**10):
+def prepare_translation_data(
+  dataset='trax_qkv_numbers',
+  keys=('en', 'de'),
+  source_dir=None,
+  data_dir=None,
+  vocab_size=2**10,
+):
   """Prepares the data set and its vocabulary (once; cached) -> TranslationData.
 
   Args:
@@ -83,8 +94,11 @@ def prepare_translation_data(dataset='trax_qkv_numbers', keys=('en', 'de'),
     vocab_size: target size of the shared subword vocabulary.
   """
   keys = check_keys(keys)
-  name = (parallel_text.parallel_text_dataset(source_dir, *keys)
-          if source_dir else dataset)
+  name = (
+    parallel_text.parallel_text_dataset(source_dir, *keys)
+    if source_dir
+    else dataset
+  )
   data_dir = os.path.expanduser(data_dir or DEFAULT_DATA_DIR)
   with files.locked(data_dir, DATA_LOCK_FILE):
     check_dataset(name, data_dir)
@@ -97,17 +111,23 @@ def check_keys(keys):
   of letters, digits, '_' and '-' (they become feature names and file
   suffixes)."""
   keys = tuple(keys) if isinstance(keys, (tuple, list)) else (keys,)
-  if (len(keys) != 2 or keys[0] == keys[1]
-      or not all(isinstance(k, str) and _KEY.fullmatch(k) for k in keys)):
-    raise ValueError(f'keys must be two different (source, target) feature '
-                     "names such as ('en', 'de'): a letter, then letters, "
-                     f"digits, '_' or '-'; got {keys!r}.")
+  if (
+    len(keys) != 2
+    or keys[0] == keys[1]
+    or not all(isinstance(k, str) and _KEY.fullmatch(k) for k in keys)
+  ):
+    raise ValueError(
+      f'keys must be two different (source, target) feature '
+      "names such as ('en', 'de'): a letter, then letters, "
+      f"digits, '_' or '-'; got {keys!r}."
+    )
   return keys
 
 
 # The same, configurable from gin (whose errors carry a line naming it).
 translation_data = gin.external_configurable(
-    prepare_translation_data, 'translation_data', module='trax_qkv.data')
+  prepare_translation_data, 'translation_data', module='trax_qkv.data'
+)
 
 
 class UnknownDatasetError(ValueError):
@@ -123,9 +143,10 @@ def check_dataset(name, data_dir=None):
     guesses = re.findall(r'Did you mean: \S+ -> (.+?) \?', str(e))
     hint = f' (did you mean {" or ".join(guesses)}?)' if guesses else ''
     raise UnknownDatasetError(
-        f'dataset {name!r} is not a tensorflow-datasets data set{hint}; give '
-        'a TFDS name such as trax_qkv_numbers, or --source_dir for a '
-        'directory of parallel text.') from None
+      f'dataset {name!r} is not a tensorflow-datasets data set{hint}; give '
+      'a TFDS name such as trax_qkv_numbers, or --source_dir for a '
+      'directory of parallel text.'
+    ) from None
 
 
 @gin.configurable(module='trax_qkv.data')
@@ -134,7 +155,7 @@ def translation_vocab_size(data=None):
   return (data or translation_data()).vocab().vocab_size
 
 
-def SeededShuffle(queue_size, seed):  # pylint: disable=invalid-name
+def SeededShuffle(queue_size, seed):
   """`trax.data.Shuffle` drawing from its own `RandomState(seed)`.
 
   Trax's shuffle draws from NumPy's global generator, which Loop seeds only
@@ -158,17 +179,20 @@ def SeededShuffle(queue_size, seed):  # pylint: disable=invalid-name
       queue[i] = sample
     rng.shuffle(queue)
     yield from queue
+
   return shuffle
 
 
 @gin.configurable(module='trax_qkv.data')
-def TranslationInputs(data=None,  # pylint: disable=invalid-name
-                      max_length=64,
-                      batch_size=64,
-                      eval_batch_size=None,
-                      bucket_boundaries=(16, 32),
-                      shuffle_queue=2048,
-                      seed=0):
+def TranslationInputs(
+  data=None,
+  max_length=64,
+  batch_size=64,
+  eval_batch_size=None,
+  bucket_boundaries=(16, 32),
+  shuffle_queue=2048,
+  seed=0,
+):
   """`trax.data.inputs.Inputs` for translation from `keys[0]` to `keys[1]`.
 
   Pipeline per split: TFDS -> Tokenize (subwords) -> append EOS -> (shuffle)
@@ -192,24 +216,34 @@ def TranslationInputs(data=None,  # pylint: disable=invalid-name
 
   def stream(train, batch):
     return trax.data.Serial(
-        trax.data.TFDS(data.name, data_dir=data.data_dir, keys=data.keys,
-                       train=train, shuffle_train=False),
-        trax.data.Tokenize(keys=[0, 1], vocab_type='subword',
-                           vocab_dir=data.vocab_dir,
-                           vocab_file=data.vocab_file),
-        trax.data.AppendValue(val={0: [EOS_ID], 1: [EOS_ID]}),
-        *([SeededShuffle(shuffle_queue, seed)] if train else []),
-        trax.data.FilterByLength(max_length, length_keys=[0, 1]),
-        trax.data.BucketByLength(list(bucket_boundaries),
-                                 [batch] * n_buckets, length_keys=[0, 1]),
-        trax.data.AddLossWeights(id_to_mask=0),
-        trax.data.CountAndSkip('trax_qkv_train' if train else 'trax_qkv_eval'),
+      trax.data.TFDS(
+        data.name,
+        data_dir=data.data_dir,
+        keys=data.keys,
+        train=train,
+        shuffle_train=False,
+      ),
+      trax.data.Tokenize(
+        keys=[0, 1],
+        vocab_type='subword',
+        vocab_dir=data.vocab_dir,
+        vocab_file=data.vocab_file,
+      ),
+      trax.data.AppendValue(val={0: [EOS_ID], 1: [EOS_ID]}),
+      *([SeededShuffle(shuffle_queue, seed)] if train else []),
+      trax.data.FilterByLength(max_length, length_keys=[0, 1]),
+      trax.data.BucketByLength(
+        list(bucket_boundaries), [batch] * n_buckets, length_keys=[0, 1]
+      ),
+      trax.data.AddLossWeights(id_to_mask=0),
+      trax.data.CountAndSkip('trax_qkv_train' if train else 'trax_qkv_eval'),
     )
 
   train_stream = stream(True, batch_size)
   eval_stream = stream(False, eval_batch_size or batch_size)
-  return trax.data.inputs.Inputs(train_stream=lambda _: train_stream(),
-                                 eval_stream=lambda _: eval_stream())
+  return trax.data.inputs.Inputs(
+    train_stream=lambda _: train_stream(), eval_stream=lambda _: eval_stream()
+  )
 
 
 def load_split(dataset_name, split, keys, data_dir=None):
@@ -218,7 +252,13 @@ def load_split(dataset_name, split, keys, data_dir=None):
   The order is the prepared data set's (TFDS shuffles examples when it
   writes them): the same on every call, not the source files' line order.
   """
-  ds = tfds.load(dataset_name, split=split, data_dir=data_dir or
-                 DEFAULT_DATA_DIR, shuffle_files=False)
-  return [(ex[keys[0]].decode('utf-8'), ex[keys[1]].decode('utf-8'))
-          for ex in tfds.as_numpy(ds)]
+  ds = tfds.load(
+    dataset_name,
+    split=split,
+    data_dir=data_dir or DEFAULT_DATA_DIR,
+    shuffle_files=False,
+  )
+  return [
+    (ex[keys[0]].decode('utf-8'), ex[keys[1]].decode('utf-8'))
+    for ex in tfds.as_numpy(ds)
+  ]

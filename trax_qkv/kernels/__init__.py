@@ -37,8 +37,8 @@ from trax_qkv.kernels import cudnn
 from trax_qkv.kernels import fused
 from trax_qkv.kernels import reference
 from trax_qkv.kernels.dispatch import AUTO
-from trax_qkv.kernels.dispatch import Call
 from trax_qkv.kernels.dispatch import KERNELS
+from trax_qkv.kernels.dispatch import Call
 from trax_qkv.kernels.dispatch import Kernel
 from trax_qkv.kernels.dispatch import attend
 from trax_qkv.kernels.dispatch import causal_mask

@@ -35,8 +35,11 @@ def _tiles(rows, length, block_size, target):
   (8-aligned) length when shorter; rows are the largest divisor of `rows`
   whose logits fit `target` floats (at least one)."""
   block = min(block_size, -(-length // 8) * 8)
-  fitting = [g for g in range(1, rows + 1)
-             if rows % g == 0 and g * block * block <= target]
+  fitting = [
+    g
+    for g in range(1, rows + 1)
+    if rows % g == 0 and g * block * block <= target
+  ]
   return (max(fitting) if fitting else 1), block
 
 
@@ -57,18 +60,20 @@ class _Blocks:
 
   def read(self, x, row, block):
     return jax.lax.dynamic_slice(
-        x, (row, block * self.block, 0),
-        (self.tile_rows, self.block, x.shape[-1]))
+      x, (row, block * self.block, 0), (self.tile_rows, self.block, x.shape[-1])
+    )
 
   def write(self, x, values, row, block):
-    return jax.lax.dynamic_update_slice(x, values.astype(x.dtype),
-                                        (row, block * self.block, 0))
+    return jax.lax.dynamic_update_slice(
+      x, values.astype(x.dtype), (row, block * self.block, 0)
+    )
 
   def logits(self, q_block, k_block, i, j):
     """Masked only on the diagonal: every key of an earlier block is
     before every query of block i."""
-    logits = jnp.einsum('gqd,gkd->gqk', q_block, k_block,
-                        preferred_element_type=jnp.float32)
+    logits = jnp.einsum(
+      'gqd,gkd->gqk', q_block, k_block, preferred_element_type=jnp.float32
+    )
     return jnp.where((i != j) | self.diagonal, logits, MASK_FILL)
 
   def keep(self, rng, rate, step, j, shape):
@@ -79,8 +84,9 @@ class _Blocks:
 
 def _weigh(v_block):
   """The online softmax's weights-times-values of a (g, k, d_v) block."""
-  return lambda p: jnp.einsum('gqk,gkd->gqd', p, v_block,
-                              preferred_element_type=jnp.float32)
+  return lambda p: jnp.einsum(
+    'gqk,gkd->gqd', p, v_block, preferred_element_type=jnp.float32
+  )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
@@ -101,18 +107,28 @@ def _causal_forward(q, k, v, tiles, rate, rng):
       logits = blocks.logits(q_block, blocks.read(k, row, j), i, j)
       keep = blocks.keep(rng, rate, step, j, logits.shape)
       return common.online_softmax_update(
-          inner, logits, _weigh(blocks.read(v, row, j)),
-          None if keep is None else lambda p: common.dropped(p, keep, rate))
+        inner,
+        logits,
+        _weigh(blocks.read(v, row, j)),
+        None if keep is None else lambda p: common.dropped(p, keep, rate),
+      )
 
     shape = (blocks.tile_rows, blocks.block, 1)
     running_max, denominator, numerator = jax.lax.fori_loop(
-        0, i + 1, one_key_block,
-        (jnp.full(shape, common.NEG_INF, jnp.float32),
-         jnp.zeros(shape, jnp.float32),
-         jnp.zeros(shape[:2] + (v.shape[-1],), jnp.float32)))
+      0,
+      i + 1,
+      one_key_block,
+      (
+        jnp.full(shape, common.NEG_INF, jnp.float32),
+        jnp.zeros(shape, jnp.float32),
+        jnp.zeros(shape[:2] + (v.shape[-1],), jnp.float32),
+      ),
+    )
     step_lse = running_max + jnp.log(denominator)
-    return (blocks.write(out, numerator / denominator, row, i),
-            blocks.write(lse, step_lse, row, i))
+    return (
+      blocks.write(out, numerator / denominator, row, i),
+      blocks.write(lse, step_lse, row, i),
+    )
 
   out = jnp.zeros(q.shape[:2] + (v.shape[-1],), jnp.float32)
   lse = jnp.zeros(q.shape[:2] + (1,), jnp.float32)
@@ -142,32 +158,52 @@ def _causal_backward(tiles, rate, residuals, d_out):
       weights = jnp.exp(blocks.logits(q_block, k_block, i, j) - lse_block)
       d_weights = jnp.einsum('gqd,gkd->gqk', d_out_block, v_block)
       kept, d_logits = common.softmax_backward(
-          weights, d_weights, row_sums, lse_block, rate,
-          blocks.keep(rng, rate, step, j, weights.shape))
+        weights,
+        d_weights,
+        row_sums,
+        lse_block,
+        rate,
+        blocks.keep(rng, rate, step, j, weights.shape),
+      )
       d_q_block = d_q_block + jnp.einsum('gqk,gkd->gqd', d_logits, k_block)
-      d_k = blocks.write(d_k, blocks.read(d_k, row, j) + jnp.einsum(
-          'gqk,gqd->gkd', d_logits, q_block), row, j)
-      d_v = blocks.write(d_v, blocks.read(d_v, row, j) + jnp.einsum(
-          'gqk,gqd->gkd', kept, d_out_block), row, j)
+      d_k = blocks.write(
+        d_k,
+        blocks.read(d_k, row, j)
+        + jnp.einsum('gqk,gqd->gkd', d_logits, q_block),
+        row,
+        j,
+      )
+      d_v = blocks.write(
+        d_v,
+        blocks.read(d_v, row, j)
+        + jnp.einsum('gqk,gqd->gkd', kept, d_out_block),
+        row,
+        j,
+      )
       return d_q_block, d_k, d_v
 
     d_q_block, d_k, d_v = jax.lax.fori_loop(
-        0, i + 1, one_key_block,
-        (jnp.zeros(q_block.shape, jnp.float32), d_k, d_v))
+      0, i + 1, one_key_block, (jnp.zeros(q_block.shape, jnp.float32), d_k, d_v)
+    )
     return blocks.write(d_q, d_q_block * blocks.scale, row, i), d_k, d_v
 
   zeros = tuple(jnp.zeros(x.shape, jnp.float32) for x in (q, k, v))
   d_q, d_k, d_v = jax.lax.fori_loop(0, blocks.n_steps, one_step, zeros)
-  return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype),
-          None)
+  return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None)
 
 
 _causal_core.defvjp(_causal_forward, _causal_backward)
 
 
-def causal_attention(q, k, v, dropout_rate=0.0, dropout_rng=None,
-                     block_size=DEFAULT_BLOCK_SIZE,
-                     step_elements=common.STEP_ELEMENTS):
+def causal_attention(
+  q,
+  k,
+  v,
+  dropout_rate=0.0,
+  dropout_rng=None,
+  block_size=DEFAULT_BLOCK_SIZE,
+  step_elements=common.STEP_ELEMENTS,
+):
   """Causal attention, visiting only the blocks on or below the diagonal.
 
   Args:
@@ -219,17 +255,24 @@ def cached_attention(q, ks, vs, index, block_size=DEFAULT_BLOCK_SIZE):
   def one_block(j, carry):
     k_block = jax.lax.dynamic_slice_in_dim(ks, j * block, block, 1)
     v_block = jax.lax.dynamic_slice_in_dim(vs, j * block, block, 1)
-    logits = jnp.einsum('gqd,gkd->gqk', q, k_block,
-                        preferred_element_type=jnp.float32)
+    logits = jnp.einsum(
+      'gqd,gkd->gqk', q, k_block, preferred_element_type=jnp.float32
+    )
     visible = j * block + jnp.arange(block)[None, :] <= positions
     return common.online_softmax_update(
-        carry, jnp.where(visible, logits, MASK_FILL), _weigh(v_block))
+      carry, jnp.where(visible, logits, MASK_FILL), _weigh(v_block)
+    )
 
   shape = (rows, new, 1)
   n_blocks = (index + new + block - 1) // block
   _, denominator, numerator = jax.lax.fori_loop(
-      0, n_blocks, one_block,
-      (jnp.full(shape, common.NEG_INF, jnp.float32),
-         jnp.zeros(shape, jnp.float32),
-       jnp.zeros((rows, new, vs.shape[-1]), jnp.float32)))
+    0,
+    n_blocks,
+    one_block,
+    (
+      jnp.full(shape, common.NEG_INF, jnp.float32),
+      jnp.zeros(shape, jnp.float32),
+      jnp.zeros((rows, new, vs.shape[-1]), jnp.float32),
+    ),
+  )
   return numerator / denominator

@@ -24,9 +24,18 @@ def _unprojected(k_block, v_block, params):
   return k_block, v_block
 
 
-def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
-                      dropout_rng=None, block_size=None, project_kv=None,
-                      kv_params=()):
+def chunked_attention(
+  q,
+  k,
+  v,
+  mask,
+  n_heads,
+  dropout_rate=0.0,
+  dropout_rng=None,
+  block_size=None,
+  project_kv=None,
+  kv_params=(),
+):
   """Attention over key blocks with an online softmax; O(Lq*block) memory.
 
   A loop slices one block of keys and values out of K and V per step (one
@@ -65,8 +74,9 @@ def chunked_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
   qh = qh * common.scale(qh.shape[-1], qh.dtype)
   if mask is None:
     mask = jnp.ones((1, 1, 1, lk), bool)
-  mask = jnp.broadcast_to(mask.astype(bool),
-                          mask.shape[:2] + (mask.shape[2], lk))
+  mask = jnp.broadcast_to(
+    mask.astype(bool), mask.shape[:2] + (mask.shape[2], lk)
+  )
   if pad:  # the last block runs past Lk: pad, and mark the padding invalid
     sources = tuple(jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in sources)
     mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad)))
@@ -90,18 +100,22 @@ class _ChunkConfig:
   def source_blocks(self, sources, index):
     """Block `index` of the K and V sources (the inputs of `project_kv`)."""
     return tuple(
-        jax.lax.dynamic_slice_in_dim(x, index * self.block, self.block, 1)
-        for x in sources)
+      jax.lax.dynamic_slice_in_dim(x, index * self.block, self.block, 1)
+      for x in sources
+    )
 
   def logits(self, qh, k_block, mask, index):
     """(batch, heads, Lq, block) logits, masked, padding far below that."""
     start = index * self.block
-    logits = jnp.einsum('bhqd,bkhd->bhqk', qh,
-                        common.heads_last(k_block, self.n_heads))
+    logits = jnp.einsum(
+      'bhqd,bkhd->bhqk', qh, common.heads_last(k_block, self.n_heads)
+    )
     logits = logits.astype(jnp.promote_types(qh.dtype, jnp.float32))
     logits = jnp.where(
-        jax.lax.dynamic_slice_in_dim(mask, start, self.block, 3), logits,
-        MASK_FILL)
+      jax.lax.dynamic_slice_in_dim(mask, start, self.block, 3),
+      logits,
+      MASK_FILL,
+    )
     valid = start + jnp.arange(self.block) < self.lk
     return jnp.where(valid, logits, common.NEG_INF)
 
@@ -119,26 +133,38 @@ def _chunked_forward(config, qh, sources, kv_params, mask, rng):
 
   def one_block(index, carry):
     k_block, v_block = config.project_kv(
-        *config.source_blocks(sources, index), kv_params)
+      *config.source_blocks(sources, index), kv_params
+    )
     vh = common.heads_last(v_block, config.n_heads)
     drop = None
     if config.rate > 0.0:
       drop = lambda p: common.dropped(
-          p, common.keep_mask(rng, index, config.rate, p.shape), config.rate)
+        p, common.keep_mask(rng, index, config.rate, p.shape), config.rate
+      )
     return common.online_softmax_update(
-        carry, config.logits(qh, k_block, mask, index),
-        lambda p: jnp.einsum('bhqk,bkhd->bhqd', p.astype(v_block.dtype),
-                             vh).astype(acc_dtype), drop)
+      carry,
+      config.logits(qh, k_block, mask, index),
+      lambda p: jnp.einsum(
+        'bhqk,bkhd->bhqd', p.astype(v_block.dtype), vh
+      ).astype(acc_dtype),
+      drop,
+    )
 
   stats_shape = qh.shape[:3] + (1,)
-  d_head_v = jax.eval_shape(
-      config.project_kv, *config.source_blocks(sources, 0),
-      kv_params)[1].shape[-1] // config.n_heads
-  init = (jnp.full(stats_shape, common.NEG_INF, acc_dtype),
-          jnp.zeros(stats_shape, acc_dtype),
-          jnp.zeros(qh.shape[:3] + (d_head_v,), acc_dtype))
+  d_head_v = (
+    jax.eval_shape(
+      config.project_kv, *config.source_blocks(sources, 0), kv_params
+    )[1].shape[-1]
+    // config.n_heads
+  )
+  init = (
+    jnp.full(stats_shape, common.NEG_INF, acc_dtype),
+    jnp.zeros(stats_shape, acc_dtype),
+    jnp.zeros(qh.shape[:3] + (d_head_v,), acc_dtype),
+  )
   row_max, denominator, numerator = jax.lax.fori_loop(
-      0, n_blocks, one_block, init)
+    0, n_blocks, one_block, init
+  )
   lse = row_max + jnp.log(denominator)
   # Normalise as exp(max - logsumexp), rounded as the reference rounds it: in
   # a fully masked row logsumexp = -1e9 + log(Lk) rounds to -1e9, so the
@@ -161,33 +187,48 @@ def _chunked_backward(config, residuals, d_out):
     # Only the block is pulled back through the projection, not the whole
     # sources: differentiating the slice would add Lk-sized zeros each step.
     (k_block, v_block), pull_back = jax.vjp(
-        lambda blocks, params: config.project_kv(*blocks, params),
-        config.source_blocks(sources, index), kv_params)
+      lambda blocks, params: config.project_kv(*blocks, params),
+      config.source_blocks(sources, index),
+      kv_params,
+    )
     kh = common.heads_last(k_block, config.n_heads)
     weights = jnp.exp(config.logits(qh, k_block, mask, index) - lse)
-    d_weights = jnp.einsum('bhqd,bkhd->bhqk', d_out,
-                           common.heads_last(v_block, config.n_heads))
-    keep = (common.keep_mask(rng, index, config.rate, weights.shape)
-            if config.rate > 0.0 else None)
-    kept, d_logits = common.softmax_backward(weights, d_weights, row_sums,
-                                             lse, config.rate, keep)
+    d_weights = jnp.einsum(
+      'bhqd,bkhd->bhqk', d_out, common.heads_last(v_block, config.n_heads)
+    )
+    keep = (
+      common.keep_mask(rng, index, config.rate, weights.shape)
+      if config.rate > 0.0
+      else None
+    )
+    kept, d_logits = common.softmax_backward(
+      weights, d_weights, row_sums, lse, config.rate, keep
+    )
     d_q = d_q + jnp.einsum('bhqk,bkhd->bhqd', d_logits, kh)
     d_k = jnp.einsum('bhqk,bhqd->bkhd', d_logits, qh.astype(out.dtype))
     d_v = jnp.einsum('bhqk,bhqd->bkhd', kept, d_out)
     d_blocks, d_params_block = pull_back(
-        (d_k.reshape(k_block.shape).astype(k_block.dtype),
-         d_v.reshape(v_block.shape).astype(v_block.dtype)))
+      (
+        d_k.reshape(k_block.shape).astype(k_block.dtype),
+        d_v.reshape(v_block.shape).astype(v_block.dtype),
+      )
+    )
     d_sources = tuple(
-        jax.lax.dynamic_update_slice_in_dim(
-            d, d_block.astype(d.dtype), index * config.block, 1)
-        for d, d_block in zip(d_sources, d_blocks))
+      jax.lax.dynamic_update_slice_in_dim(
+        d, d_block.astype(d.dtype), index * config.block, 1
+      )
+      for d, d_block in zip(d_sources, d_blocks)
+    )
     d_params = jax.tree_util.tree_map(jnp.add, d_params, d_params_block)
     return d_q, d_sources, d_params
 
   zeros = lambda tree: jax.tree_util.tree_map(jnp.zeros_like, tree)
   d_q, d_sources, d_params = jax.lax.fori_loop(
-      0, n_blocks, one_block,
-      (jnp.zeros(qh.shape, out.dtype), zeros(sources), zeros(kv_params)))
+    0,
+    n_blocks,
+    one_block,
+    (jnp.zeros(qh.shape, out.dtype), zeros(sources), zeros(kv_params)),
+  )
   return d_q.astype(qh.dtype), d_sources, d_params, None, None
 
 

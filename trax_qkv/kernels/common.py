@@ -17,7 +17,7 @@ from trax_qkv.kernels.reference import MASK_FILL
 # Logits per loop step of 'fused' and causal attention: 2**19 floats (2 MB).
 # A step's temporaries then stay under the size malloc reuses instead of
 # mapping afresh on every call (docs/benchmarks.md: "Step size").
-STEP_ELEMENTS = 2 ** 19
+STEP_ELEMENTS = 2**19
 # Initial running max of an online softmax, and the logit of padding keys:
 # far below any logit, MASK_FILL included, so they get zero weight even in
 # a fully masked row.
@@ -32,7 +32,7 @@ def heads_last(x, n_heads):
 
 def scale(d_head, dtype):
   """1 / sqrt(d_head) in `dtype`: what q is multiplied by, once."""
-  return jnp.asarray(1.0 / d_head ** 0.5, dtype)
+  return jnp.asarray(1.0 / d_head**0.5, dtype)
 
 
 def online_softmax_update(carry, logits, weigh_values, drop=None):
@@ -83,11 +83,10 @@ def keep_mask(rng, index, rate, shape):
   rate, and correlation between steps and neighbours), not for
   cryptography.
   """
-  k0, k1 = (jax.random.fold_in(rng, index).astype(jnp.uint32)
-            .reshape(-1)[:2])
+  k0, k1 = jax.random.fold_in(rng, index).astype(jnp.uint32).reshape(-1)[:2]
   position = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
   bits = _mix(_mix(position ^ k0) + k1)
-  threshold = min(round((1.0 - rate) * 2.0 ** 32), 2 ** 32 - 1)
+  threshold = min(round((1.0 - rate) * 2.0**32), 2**32 - 1)
   return bits < jnp.uint32(threshold)
 
 

@@ -23,11 +23,11 @@ def unsupported_reason(dtype=None, dropout_rate=0.0):
   if backend != 'gpu':
     return f"it needs a GPU and JAX's default backend is {backend!r}"
   if dtype is not None and jnp.dtype(dtype) not in map(jnp.dtype, DTYPES):
-    return (f'it takes bfloat16 or float16 inputs; got '
-            f'{jnp.dtype(dtype).name}')
+    return f'it takes bfloat16 or float16 inputs; got {jnp.dtype(dtype).name}'
   if dropout_rate > 0.0:
-    return (f'it has no attention dropout; got dropout {dropout_rate} in '
-            "'train' mode")
+    return (
+      f"it has no attention dropout; got dropout {dropout_rate} in 'train' mode"
+    )
   return None
 
 
@@ -36,23 +36,25 @@ def check_supported(dtype=None, dropout_rate=0.0):
   reason = unsupported_reason(dtype, dropout_rate)
   if reason:
     raise ValueError(
-        f"implementation='cudnn' cannot run here: {reason}. Use "
-        "implementation='auto', which runs cuDNN where it can and the "
-        'fastest other implementation elsewhere.')
+      f"implementation='cudnn' cannot run here: {reason}. Use "
+      "implementation='auto', which runs cuDNN where it can and the "
+      'fastest other implementation elsewhere.'
+    )
 
 
-def cudnn_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
-                    dropout_rng=None):
+def cudnn_attention(q, k, v, mask, n_heads, dropout_rate=0.0, dropout_rng=None):
   """Multi-head attention through `jax.nn.dot_product_attention(...,
   implementation='cudnn')`; float32 (batch, Lq, d_v)."""
   del dropout_rng
   check_supported(q.dtype, dropout_rate)
   qh, kh, vh = (common.heads(x, n_heads) for x in (q, k, v))
   if mask is not None:
-    mask = jnp.broadcast_to(mask.astype(bool),
-                            (q.shape[0], 1, q.shape[1], k.shape[1]))
-  out = jax.nn.dot_product_attention(qh, kh, vh, mask=mask,
-                                     implementation='cudnn')
+    mask = jnp.broadcast_to(
+      mask.astype(bool), (q.shape[0], 1, q.shape[1], k.shape[1])
+    )
+  out = jax.nn.dot_product_attention(
+    qh, kh, vh, mask=mask, implementation='cudnn'
+  )
   return out.reshape(q.shape[:2] + (v.shape[-1],)).astype(jnp.float32)
 
 
@@ -61,7 +63,11 @@ def cudnn_causal_attention(q, k, v, dropout_rate=0.0, dropout_rng=None):
   causal flag (no mask array); float32 (rows, L, d_v)."""
   del dropout_rng
   check_supported(q.dtype, dropout_rate)
-  out = jax.nn.dot_product_attention(q[:, :, None], k[:, :, None],
-                                     v[:, :, None], is_causal=True,
-                                     implementation='cudnn')
+  out = jax.nn.dot_product_attention(
+    q[:, :, None],
+    k[:, :, None],
+    v[:, :, None],
+    is_causal=True,
+    implementation='cudnn',
+  )
   return out[:, :, 0].astype(jnp.float32)

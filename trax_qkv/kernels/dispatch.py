@@ -8,9 +8,9 @@ the benchmarks all read `KERNELS`, so a new kernel is its module and one
 record: an entry of `_BUILTIN_KERNELS`, or a `register` call.
 """
 
+from collections.abc import Callable
 import dataclasses
 import math
-from typing import Callable, Optional
 
 import jax
 
@@ -29,7 +29,7 @@ CHUNKED_MIN_KEYS = 4096
 # The reference wins when all (batch, heads, Lq, Lk) logits fit in this many
 # floats (4 MB): nothing to tile, and its backward, which keeps the weights
 # instead of recomputing them, is the cheaper one there.
-REFERENCE_MAX_LOGITS = 2 ** 20
+REFERENCE_MAX_LOGITS = 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,7 @@ class Call:
     causal: causal self-attention (`DotProductCausalAttention`).
     predict: a predict-mode step over a key/value cache.
   """
+
   q_shape: tuple
   k_shape: tuple
   dtype: object
@@ -56,8 +57,7 @@ class Call:
   @property
   def n_logits(self):
     """Elements of the (batch, heads, Lq, Lk) logits."""
-    return (self.q_shape[0] * self.n_heads * self.q_shape[1]
-            * self.k_shape[1])
+    return self.q_shape[0] * self.n_heads * self.q_shape[1] * self.k_shape[1]
 
 
 def _never(call):
@@ -88,6 +88,7 @@ class Kernel:
       `kv_params` and projects K and V one key block at a time
       (`layers.attention.KeyBlockProjectedAttention`).
   """
+
   name: str
   attend: Callable
   causal: Callable
@@ -95,17 +96,17 @@ class Kernel:
   unsupported_reason: Callable = lambda dtype, dropout_rate: None
   auto_when: Callable = _never
   auto_priority: float = math.inf
-  attend_projecting: Optional[Callable] = None
+  attend_projecting: Callable | None = None
 
 
 def _reference_attend(q, k, v, mask, n_heads, **dropout):
-  return reference.dot_product_attention(q, k, v, mask, n_heads,
-                                         **dropout)[0]
+  return reference.dot_product_attention(q, k, v, mask, n_heads, **dropout)[0]
 
 
 def _reference_causal(q, k, v, **dropout):
-  return reference.per_head_attention(q, k, v, causal_mask(q.shape[1]),
-                                      **dropout)[0]
+  return reference.per_head_attention(
+    q, k, v, causal_mask(q.shape[1]), **dropout
+  )[0]
 
 
 def _reference_cached(q, ks, vs, index, mask):
@@ -132,22 +133,46 @@ def _reference_wins(call):
 
 
 _BUILTIN_KERNELS = (
-    Kernel('reference', _reference_attend, _reference_causal,
-           _reference_cached, auto_when=_reference_wins, auto_priority=2),
-    Kernel('fused', fused.fused_attention, causal.causal_attention,
-           _blockwise_cached, auto_when=lambda call: True,
-           auto_priority=3),  # whatever is left
-    Kernel('chunked', chunked.chunked_attention,
-           lambda q, k, v, **dropout: causal.causal_attention(
-               q, k, v, block_size=chunked.DEFAULT_BLOCK_SIZE, **dropout),
-           _blockwise_cached,
-           auto_when=lambda call: (not call.causal
-                                   and call.q_shape[1] <= FEW_QUERIES
-                                   and call.k_shape[1] >= CHUNKED_MIN_KEYS),
-           auto_priority=1, attend_projecting=chunked.chunked_attention),
-    Kernel('cudnn', cudnn.cudnn_attention, cudnn.cudnn_causal_attention,
-           _cudnn_cached, unsupported_reason=cudnn.unsupported_reason,
-           auto_when=lambda call: True, auto_priority=0),
+  Kernel(
+    'reference',
+    _reference_attend,
+    _reference_causal,
+    _reference_cached,
+    auto_when=_reference_wins,
+    auto_priority=2,
+  ),
+  Kernel(
+    'fused',
+    fused.fused_attention,
+    causal.causal_attention,
+    _blockwise_cached,
+    auto_when=lambda call: True,
+    auto_priority=3,
+  ),  # whatever is left
+  Kernel(
+    'chunked',
+    chunked.chunked_attention,
+    lambda q, k, v, **dropout: causal.causal_attention(
+      q, k, v, block_size=chunked.DEFAULT_BLOCK_SIZE, **dropout
+    ),
+    _blockwise_cached,
+    auto_when=lambda call: (
+      not call.causal
+      and call.q_shape[1] <= FEW_QUERIES
+      and call.k_shape[1] >= CHUNKED_MIN_KEYS
+    ),
+    auto_priority=1,
+    attend_projecting=chunked.chunked_attention,
+  ),
+  Kernel(
+    'cudnn',
+    cudnn.cudnn_attention,
+    cudnn.cudnn_causal_attention,
+    _cudnn_cached,
+    unsupported_reason=cudnn.unsupported_reason,
+    auto_when=lambda call: True,
+    auto_priority=0,
+  ),
 )
 KERNELS = {kernel.name: kernel for kernel in _BUILTIN_KERNELS}
 
@@ -160,8 +185,9 @@ def register(kernel):
     ValueError: the name is taken (or is 'auto').
   """
   if not isinstance(kernel, Kernel):
-    raise TypeError(f'kernel must be a trax_qkv.kernels.Kernel; got '
-                    f'{kernel!r}.')
+    raise TypeError(
+      f'kernel must be a trax_qkv.kernels.Kernel; got {kernel!r}.'
+    )
   if kernel.name in KERNELS or kernel.name == AUTO:
     raise ValueError(f'a kernel named {kernel.name!r} exists already.')
   KERNELS[kernel.name] = kernel
@@ -182,8 +208,9 @@ def names():
 def check_implementation(implementation, name='implementation'):
   """Raises ValueError unless `implementation` is one of `names()`."""
   if implementation not in names():
-    raise ValueError(f'{name} must be one of {names()}; got '
-                     f'{implementation!r}.')
+    raise ValueError(
+      f'{name} must be one of {names()}; got {implementation!r}.'
+    )
 
 
 def check_supported(implementation, dtype=None, dropout_rate=0.0):
@@ -195,8 +222,9 @@ def check_supported(implementation, dtype=None, dropout_rate=0.0):
   reason = KERNELS[implementation].unsupported_reason(dtype, dropout_rate)
   if reason:
     raise ValueError(
-        f'implementation={implementation!r} cannot run here: {reason}. Use '
-        "implementation='auto', which runs a kernel that can.")
+      f'implementation={implementation!r} cannot run here: {reason}. Use '
+      "implementation='auto', which runs a kernel that can."
+    )
 
 
 def may_project_in_blocks(implementation):
@@ -210,8 +238,9 @@ def may_project_in_blocks(implementation):
 def choose(call):
   """The name of the kernel 'auto' runs for `call` (a `Call`)."""
   for kernel in sorted(KERNELS.values(), key=lambda k: k.auto_priority):
-    if (kernel.unsupported_reason(call.dtype, call.dropout_rate) is None
-        and kernel.auto_when(call)):
+    if kernel.unsupported_reason(
+      call.dtype, call.dropout_rate
+    ) is None and kernel.auto_when(call):
       return kernel.name
   raise AssertionError("no kernel takes this call; 'fused' takes any.")
 
@@ -233,8 +262,16 @@ def causal_mask(length):
   return jax.numpy.tril(jax.numpy.ones((1, length, length), bool))
 
 
-def attend(q, k, v, mask, n_heads, dropout_rate=0.0, dropout_rng=None,
-           implementation='reference'):
+def attend(
+  q,
+  k,
+  v,
+  mask,
+  n_heads,
+  dropout_rate=0.0,
+  dropout_rng=None,
+  implementation='reference',
+):
   """Multi-head attention with the kernel `implementation` resolves to.
 
   Args:
@@ -250,8 +287,9 @@ def attend(q, k, v, mask, n_heads, dropout_rate=0.0, dropout_rng=None,
   Returns:
     float32 (batch, Lq, d_v) activations.
   """
-  kernel = resolve(implementation, Call(q.shape, k.shape, q.dtype, n_heads,
-                                        dropout_rate))
-  return kernel.attend(q, k, v, mask, n_heads, dropout_rate=dropout_rate,
-                       dropout_rng=dropout_rng)
-
+  kernel = resolve(
+    implementation, Call(q.shape, k.shape, q.dtype, n_heads, dropout_rate)
+  )
+  return kernel.attend(
+    q, k, v, mask, n_heads, dropout_rate=dropout_rate, dropout_rng=dropout_rng
+  )

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from trax_qkv.kernels import common
 from trax_qkv.kernels.reference import MASK_FILL
 
+
 def _step_tiles(batch, n_heads, lq, lk, target=common.STEP_ELEMENTS):
   """(batch entries, heads, queries) per 'fused' step: the step's logits
   fit `target` floats.
@@ -28,8 +29,10 @@ def _step_tiles(batch, n_heads, lq, lk, target=common.STEP_ELEMENTS):
   same way; else one head's queries in near-equal blocks (the last padded),
   so that no length -- a prime one included -- forces tiny steps.
   """
+
   def largest_divisor(n, size):
     return max(g for g in range(1, n + 1) if n % g == 0 and g * size <= target)
+
   if n_heads * lq * lk <= target:
     return largest_divisor(batch, n_heads * lq * lk), n_heads, lq
   if lq * lk <= target:
@@ -56,16 +59,21 @@ class _Tiling:
     # The forward scales q by it once; dq gets it too.
     self.scale = common.scale(self.d_head, q.dtype)
     self.mask = mask
-    self.counts = (self.batch // self.n_batch, n_heads // self.n_heads_step,
-                   self.lq // self.n_queries)
+    self.counts = (
+      self.batch // self.n_batch,
+      n_heads // self.n_heads_step,
+      self.lq // self.n_queries,
+    )
     self.n_steps = self.counts[0] * self.counts[1] * self.counts[2]
 
   def origin(self, step):
     """(first batch entry, first query, first feature) of a step."""
     _, n_h, n_q = self.counts
-    return (step // (n_h * n_q) * self.n_batch,
-            step % n_q * self.n_queries,
-            step // n_q % n_h * self.n_heads_step * self.d_head)
+    return (
+      step // (n_h * n_q) * self.n_batch,
+      step % n_q * self.n_queries,
+      step // n_q % n_h * self.n_heads_step * self.d_head,
+    )
 
   def read(self, x, step, queries):
     """The step's (n_batch * n_heads_step, L, d_head) slice of a (batch, L,
@@ -73,8 +81,10 @@ class _Tiling:
     b, q, f = self.origin(step)
     length = self.n_queries if queries else x.shape[1]
     x = jax.lax.dynamic_slice(
-        x, (b, q if queries else 0, f),
-        (self.n_batch, length, self.n_heads_step * self.d_head))
+      x,
+      (b, q if queries else 0, f),
+      (self.n_batch, length, self.n_heads_step * self.d_head),
+    )
     # (n_batch, L, heads, d_head) -> (n_batch * heads, L, d_head); moves no
     # data when the step has one head.
     x = x.reshape((self.n_batch, length, self.n_heads_step, self.d_head))
@@ -84,19 +94,27 @@ class _Tiling:
     """x with the step's (n_batch * n_heads_step, L, d_head) rows written."""
     b, q, f = self.origin(step)
     rows = rows.reshape((self.n_batch, self.n_heads_step) + rows.shape[1:])
-    rows = jnp.swapaxes(rows, 1, 2).reshape(
-        (self.n_batch, rows.shape[2], -1)).astype(x.dtype)
+    rows = (
+      jnp.swapaxes(rows, 1, 2)
+      .reshape((self.n_batch, rows.shape[2], -1))
+      .astype(x.dtype)
+    )
     return jax.lax.dynamic_update_slice(x, rows, (b, q if queries else 0, f))
 
   def step_mask(self, step):
     """The step's mask, broadcastable to its (rows, queries, Lk) logits."""
     b, q, _ = self.origin(step)
     mask = self.mask
-    size = (self.n_batch if mask.shape[0] > 1 else 1,
-            self.n_queries if mask.shape[1] > 1 else 1, self.lk)
+    size = (
+      self.n_batch if mask.shape[0] > 1 else 1,
+      self.n_queries if mask.shape[1] > 1 else 1,
+      self.lk,
+    )
     mask = jax.lax.dynamic_slice(
-        mask, (b if mask.shape[0] > 1 else 0, q if mask.shape[1] > 1 else 0,
-               0), size)
+      mask,
+      (b if mask.shape[0] > 1 else 0, q if mask.shape[1] > 1 else 0, 0),
+      size,
+    )
     if mask.shape[0] == 1:
       return mask
     return jnp.repeat(mask, self.n_heads_step, axis=0)  # batch-major rows
@@ -110,13 +128,15 @@ class _Tiling:
   def read_per_query(self, x, step):
     """The step's (rows, queries, 1) slice of a (batch * heads, Lq) array
     (the logsumexp, or rowsum(dO * O))."""
-    return jax.lax.dynamic_slice(x, self.per_query_origin(step),
-                                 (self.rows, self.n_queries))[..., None]
+    return jax.lax.dynamic_slice(
+      x, self.per_query_origin(step), (self.rows, self.n_queries)
+    )[..., None]
 
   def write_per_query(self, x, values, step):
     """x with the step's (rows, queries, 1) values written."""
-    return jax.lax.dynamic_update_slice(x, values[..., 0].astype(x.dtype),
-                                        self.per_query_origin(step))
+    return jax.lax.dynamic_update_slice(
+      x, values[..., 0].astype(x.dtype), self.per_query_origin(step)
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
@@ -137,26 +157,30 @@ def _fused_forward(q, k, v, mask, tiles, n_heads, rate, rng):
   def one_step(step, carry):
     out, lse = carry
     logits = jnp.where(
-        tiling.step_mask(step),
-        jnp.einsum('gqd,gkd->gqk', tiling.read(q, step, True),
-                   tiling.read(k, step, False)), MASK_FILL)
+      tiling.step_mask(step),
+      jnp.einsum(
+        'gqd,gkd->gqk', tiling.read(q, step, True), tiling.read(k, step, False)
+      ),
+      MASK_FILL,
+    )
     # Two passes over the logits, not three: V is weighted by
     # exp(logits - max) and the row sums are divided out of the small
     # (queries, d_head) result.
     row_max = jnp.max(logits, axis=-1, keepdims=True)
     unnormalised = jnp.exp(logits - row_max)
-    step_lse = row_max + jnp.log(jnp.sum(unnormalised, axis=-1,
-                                         keepdims=True))
+    step_lse = row_max + jnp.log(jnp.sum(unnormalised, axis=-1, keepdims=True))
     if rate > 0.0:
       keep = common.keep_mask(rng, step, rate, unnormalised.shape)
       unnormalised = common.dropped(unnormalised, keep, rate)
     # exp(max - lse) rounds as the reference's exp(logits - lse) does: in a
     # fully masked row lse rounds to -1e9 and every key weighs 1.
-    rows = (jnp.einsum('gqk,gkd->gqd', unnormalised,
-                       tiling.read(v, step, False))
-            * jnp.exp(row_max - step_lse))
-    return (tiling.write(out, rows, step, True),
-            tiling.write_per_query(lse, step_lse, step))
+    rows = jnp.einsum(
+      'gqk,gkd->gqd', unnormalised, tiling.read(v, step, False)
+    ) * jnp.exp(row_max - step_lse)
+    return (
+      tiling.write(out, rows, step, True),
+      tiling.write_per_query(lse, step_lse, step),
+    )
 
   out = jnp.zeros(q.shape[:2] + (v.shape[-1],), jnp.float32)
   lse = jnp.zeros((q.shape[0] * n_heads, q.shape[1]), jnp.float32)
@@ -175,8 +199,9 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
   n_blocks = tiling.counts[2]
   # rowsum(dO * O) of every (batch * head, query), in one pass up front.
   batch, lq, _ = out.shape
-  all_row_sums = jnp.sum((d_out * out).reshape(
-      (batch, lq, n_heads, tiling.d_head)), axis=-1)
+  all_row_sums = jnp.sum(
+    (d_out * out).reshape((batch, lq, n_heads, tiling.d_head)), axis=-1
+  )
   all_row_sums = jnp.swapaxes(all_row_sums, 1, 2).reshape((-1, lq))
 
   def one_block(step, k_step, v_step, carry):
@@ -184,21 +209,32 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
     q_step = tiling.read(q, step, True)
     d_out_step = tiling.read(d_out, step, True)
     step_lse = tiling.read_per_query(lse, step)
-    logits = jnp.where(tiling.step_mask(step),
-                       jnp.einsum('gqd,gkd->gqk', q_step, k_step), MASK_FILL)
+    logits = jnp.where(
+      tiling.step_mask(step),
+      jnp.einsum('gqd,gkd->gqk', q_step, k_step),
+      MASK_FILL,
+    )
     weights = jnp.exp(logits - step_lse)
     d_weights = jnp.einsum('gqd,gkd->gqk', d_out_step, v_step)
-    keep = (common.keep_mask(rng, step, rate, weights.shape) if rate > 0.0
-            else None)
+    keep = (
+      common.keep_mask(rng, step, rate, weights.shape) if rate > 0.0 else None
+    )
     kept, d_logits = common.softmax_backward(
-        weights, d_weights, tiling.read_per_query(all_row_sums, step),
-        step_lse, rate, keep)
+      weights,
+      d_weights,
+      tiling.read_per_query(all_row_sums, step),
+      step_lse,
+      rate,
+      keep,
+    )
     d_q_step = jnp.einsum('gqk,gkd->gqd', d_logits, k_step) * tiling.scale
     # dK and dV as (d_head, Lk): XLA:CPU runs 'gqd,gqk->gdk' several times
     # faster than 'gqk,gqd->gkd' at these shapes (docs/benchmarks.md).
-    return (tiling.write(d_q, d_q_step, step, True),
-            d_k_t + jnp.einsum('gqd,gqk->gdk', q_step, d_logits),
-            d_v_t + jnp.einsum('gqd,gqk->gdk', d_out_step, kept))
+    return (
+      tiling.write(d_q, d_q_step, step, True),
+      d_k_t + jnp.einsum('gqd,gqk->gdk', q_step, d_logits),
+      d_v_t + jnp.einsum('gqd,gqk->gdk', d_out_step, kept),
+    )
 
   def one_tile(tile, carry):
     d_q, d_k, d_v = carry
@@ -207,23 +243,37 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
     k_step, v_step = tiling.read(k, first, False), tiling.read(v, first, False)
     zeros = jnp.zeros((tiling.rows, tiling.d_head, tiling.lk), jnp.float32)
     d_q, d_k_t, d_v_t = jax.lax.fori_loop(
-        0, n_blocks,
-        lambda block, c: one_block(first + block, k_step, v_step, c),
-        (d_q, zeros, zeros))
-    return (d_q, tiling.write(d_k, jnp.swapaxes(d_k_t, 1, 2), first, False),
-            tiling.write(d_v, jnp.swapaxes(d_v_t, 1, 2), first, False))
+      0,
+      n_blocks,
+      lambda block, c: one_block(first + block, k_step, v_step, c),
+      (d_q, zeros, zeros),
+    )
+    return (
+      d_q,
+      tiling.write(d_k, jnp.swapaxes(d_k_t, 1, 2), first, False),
+      tiling.write(d_v, jnp.swapaxes(d_v_t, 1, 2), first, False),
+    )
 
   zeros = tuple(jnp.zeros(x.shape, x.dtype) for x in (q, k, v))
-  d_q, d_k, d_v = jax.lax.fori_loop(0, tiling.n_steps // n_blocks, one_tile,
-                                    zeros)
+  d_q, d_k, d_v = jax.lax.fori_loop(
+    0, tiling.n_steps // n_blocks, one_tile, zeros
+  )
   return d_q, d_k, d_v, None, None
 
 
 _fused_core.defvjp(_fused_forward, _fused_backward)
 
 
-def fused_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
-                    dropout_rng=None, step_elements=common.STEP_ELEMENTS):
+def fused_attention(
+  q,
+  k,
+  v,
+  mask,
+  n_heads,
+  dropout_rate=0.0,
+  dropout_rng=None,
+  step_elements=common.STEP_ELEMENTS,
+):
   """Attention one cache-sized step at a time; flash-style backward.
 
   Tiles of (batch entries, heads, queries) whose logits take at most
@@ -259,6 +309,7 @@ def fused_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
       mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)), constant_values=True)
   if dropout_rng is None:
     dropout_rng = jax.random.PRNGKey(0)  # unused when dropout_rate == 0
-  out = _fused_core(q, k, v, mask, tiles, n_heads, float(dropout_rate),
-                    dropout_rng)
+  out = _fused_core(
+    q, k, v, mask, tiles, n_heads, float(dropout_rate), dropout_rng
+  )
   return out[:, :lq].astype(jnp.float32)

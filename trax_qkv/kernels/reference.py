@@ -77,12 +77,15 @@ def per_head_attention(q, k, v, mask, dropout_rate=0.0, dropout_rng=None):
   weights = attention_weights(q, k, mask)
   if dropout_rate > 0.0:
     weights = attention_dropout(weights, dropout_rate, dropout_rng)
-  return (jnp.matmul(weights, v).astype(jnp.float32),
-          weights.astype(jnp.float32))
+  return (
+    jnp.matmul(weights, v).astype(jnp.float32),
+    weights.astype(jnp.float32),
+  )
 
 
-def dot_product_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
-                          dropout_rng=None):
+def dot_product_attention(
+  q, k, v, mask, n_heads, dropout_rate=0.0, dropout_rng=None
+):
   """Multi-head attention over already-projected queries, keys and values.
 
   Each head sees a d/n_heads slice of the projected features, so each head can
@@ -104,6 +107,11 @@ def dot_product_attention(q, k, v, mask, n_heads, dropout_rate=0.0,
     reports them in 'viz' mode).
   """
   per_head, weights = per_head_attention(
-      split_heads(q, n_heads), split_heads(k, n_heads),
-      split_heads(v, n_heads), mask, dropout_rate, dropout_rng)
+    split_heads(q, n_heads),
+    split_heads(k, n_heads),
+    split_heads(v, n_heads),
+    mask,
+    dropout_rate,
+    dropout_rng,
+  )
   return merge_heads(per_head), weights

@@ -17,7 +17,6 @@ itself.
 import gin
 from jax import numpy as jnp
 from trax import fastmath
-from trax.layers import base
 from trax.layers import combinators as cb
 from trax.layers import core
 from trax.layers.assert_shape import AssertFunction
@@ -37,8 +36,9 @@ class PureAttention(kernel_layer.KernelLayer):
   'viz' mode its state holds the (batch, heads, Lq, Lk) attention weights.
   """
 
-  def __init__(self, n_heads=1, dropout=0.0, mode='train',
-               implementation='reference'):
+  def __init__(
+    self, n_heads=1, dropout=0.0, mode='train', implementation='reference'
+  ):
     """Creates a PureAttention layer.
 
     Args:
@@ -62,19 +62,27 @@ class PureAttention(kernel_layer.KernelLayer):
     checks.check_qkv_inputs(inputs, self._n_heads)
 
   def _call(self, q, k):
-    return kernels.Call(q.shape, k.shape, q.dtype, self._n_heads,
-                        self.dropout_rate)
+    return kernels.Call(
+      q.shape, k.shape, q.dtype, self._n_heads, self.dropout_rate
+    )
 
   def forward(self, inputs):
     self.check_inputs(inputs)
     q, k, v, mask = inputs
     if self._mode == 'viz':
       activations, self.state = kernels.reference.dot_product_attention(
-          q, k, v, mask, self._n_heads)
+        q, k, v, mask, self._n_heads
+      )
     else:
       activations = self.kernel_for(q, k).attend(
-          q, k, v, mask, self._n_heads, dropout_rate=self.dropout_rate,
-          dropout_rng=self.rng)
+        q,
+        k,
+        v,
+        mask,
+        self._n_heads,
+        dropout_rate=self.dropout_rate,
+        dropout_rng=self.rng,
+      )
     return activations, mask
 
 
@@ -99,7 +107,8 @@ class CheckedSerial(cb.Serial):
 def affine_rows(x, w, b):
   """x @ w + b computed on a (rows, d_in) view of x (see `RowsDense`)."""
   return (jnp.dot(x.reshape((-1, x.shape[-1])), w) + b).reshape(
-      x.shape[:-1] + (w.shape[-1],))
+    x.shape[:-1] + (w.shape[-1],)
+  )
 
 
 class RowsDense(core.Dense):
@@ -143,8 +152,11 @@ class KeyBlockProjectedAttention(cb.Serial):
   def forward(self, inputs):
     projections, attention, output = self.sublayers
     q_in, k_in, v_in, mask = inputs
-    attend = (attention.kernel_for(q_in, k_in).attend_projecting
-              if attention.mode in ('train', 'eval') else None)
+    attend = (
+      attention.kernel_for(q_in, k_in).attend_projecting
+      if attention.mode in ('train', 'eval')
+      else None
+    )
     if attend is None:
       return super().forward(inputs)
     (w_q, w_k, w_v), _, w_out = self.weights
@@ -153,20 +165,36 @@ class KeyBlockProjectedAttention(cb.Serial):
 
     def project(dense, weights, state):
       return lambda x: dense.pure_fn(x, weights, state, None)[0]
+
     # The rng Serial would hand to PureAttention (its second sublayer).
-    attention_rng = (None if self.rng is None
-                     else fastmath.random.split(self.rng, 3)[1])
+    attention_rng = (
+      None if self.rng is None else fastmath.random.split(self.rng, 3)[1]
+    )
     activations = attend(
-        project(dense_q, w_q, s_q)(q_in), k_in, v_in, mask, attention.n_heads,
-        dropout_rate=attention.dropout_rate, dropout_rng=attention_rng,
-        project_kv=dense_kv_projection, kv_params=(w_k, w_v))
+      project(dense_q, w_q, s_q)(q_in),
+      k_in,
+      v_in,
+      mask,
+      attention.n_heads,
+      dropout_rate=attention.dropout_rate,
+      dropout_rng=attention_rng,
+      project_kv=dense_kv_projection,
+      kv_params=(w_k, w_v),
+    )
     return project(output, w_out, s_out)(activations), mask
 
 
 @gin.configurable('QkvAttentionQKV', module='trax_qkv', denylist=['mode'])
-def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: disable=invalid-name
-                 cache_KV_in_predict=False, q_sparsity=None,
-                 result_sparsity=None, implementation='reference'):
+def AttentionQKV(
+  d_feature,
+  n_heads=1,
+  dropout=0.0,
+  mode='train',
+  cache_KV_in_predict=False,
+  q_sparsity=None,
+  result_sparsity=None,
+  implementation='reference',
+):
   """Maps `(AQ, AK, AV, mask)` to `(new_A, mask)`: projected attention.
 
   Data flow, as in trax 1.4.1:
@@ -206,33 +234,41 @@ def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: dis
   # RowsDense (faster gradients, same weights).
   dense = core.Dense if implementation == 'reference' else RowsDense
 
-  def _Projection(layer_sparsity):  # pylint: disable=invalid-name
+  def _Projection(layer_sparsity):
     if layer_sparsity is None:
       return dense(d_feature)
     if layer_sparsity == 'noop':
       return cb.Serial()
     return cb.Serial(
-        sparsity.FactoredDense(layer_sparsity, d_feature, d_feature),
-        sparsity.LocallyConvDense(layer_sparsity, d_feature // layer_sparsity,
-                                  mode=mode, kernel_size=3,
-                                  length_kernel_size=3))
+      sparsity.FactoredDense(layer_sparsity, d_feature, d_feature),
+      sparsity.LocallyConvDense(
+        layer_sparsity,
+        d_feature // layer_sparsity,
+        mode=mode,
+        kernel_size=3,
+        length_kernel_size=3,
+      ),
+    )
 
-  def _KVProjection():  # pylint: disable=invalid-name
+  def _KVProjection():
     if cache_KV_in_predict and mode == 'predict':
       return cb.Cache(dense(d_feature))
     return dense(d_feature)
 
   # Plain Dense projections (no sparsity, no cache) can be fused into the
   # key blocks of a kernel that projects them there.
-  fusable = (kernels.may_project_in_blocks(implementation)
-             and q_sparsity is None
-             and result_sparsity is None
-             and not (cache_KV_in_predict and mode == 'predict'))
+  fusable = (
+    kernels.may_project_in_blocks(implementation)
+    and q_sparsity is None
+    and result_sparsity is None
+    and not (cache_KV_in_predict and mode == 'predict')
+  )
   attention = (KeyBlockProjectedAttention if fusable else cb.Serial)(
-      cb.Parallel(_Projection(q_sparsity), _KVProjection(), _KVProjection()),
-      PureAttention(n_heads=n_heads, dropout=dropout, mode=mode,
-                    implementation=implementation),
-      _Projection(result_sparsity),
+    cb.Parallel(_Projection(q_sparsity), _KVProjection(), _KVProjection()),
+    PureAttention(
+      n_heads=n_heads, dropout=dropout, mode=mode, implementation=implementation
+    ),
+    _Projection(result_sparsity),
   )
   # The built-in is decorated with @assert_shape, which wraps it as
   # Serial(AssertShape, layer, AssertShape). Trax splits rngs per sublayer, so
@@ -242,8 +278,9 @@ def AttentionQKV(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: dis
 
 
 @gin.configurable('QkvAttention', module='trax_qkv', denylist=['mode'])
-def Attention(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: disable=invalid-name
-              implementation='reference'):
+def Attention(
+  d_feature, n_heads=1, dropout=0.0, mode='train', implementation='reference'
+):
   """Maps `(x, mask)` to `(new_x, mask)`: multi-head self-attention.
 
   `trax.layers.Attention` (the encoder self-attention of Trax's
@@ -253,18 +290,26 @@ def Attention(d_feature, n_heads=1, dropout=0.0, mode='train',  # pylint: disabl
   (batch, 1, 1, L).
   """
   layer = cb.Serial(
-      cb.Select([0, 0, 0]),
-      AttentionQKV(d_feature, n_heads=n_heads, dropout=dropout, mode=mode,
-                   implementation=implementation))
+    cb.Select([0, 0, 0]),
+    AttentionQKV(
+      d_feature,
+      n_heads=n_heads,
+      dropout=dropout,
+      mode=mode,
+      implementation=implementation,
+    ),
+  )
   # The built-in's @assert_shape wrapper: part of its tree (see AttentionQKV).
   wrapped = AssertFunction('bld,b11l->bld,b11l', layer)
   return CheckedSerial(*wrapped.sublayers, check_inputs=_check_self_inputs)
 
 
 def _check_self_inputs(input_signature):
-  if not isinstance(input_signature, (tuple, list)) or len(
-      input_signature) != 2:
-    raise TypeError('inputs must be a tuple (x, mask); got '
-                    f'{type(input_signature).__name__}.')
+  if (
+    not isinstance(input_signature, (tuple, list)) or len(input_signature) != 2
+  ):
+    raise TypeError(
+      f'inputs must be a tuple (x, mask); got {type(input_signature).__name__}.'
+    )
   x, mask = input_signature
   checks.check_qkv_inputs((x, x, x, mask))

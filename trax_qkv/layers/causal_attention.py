@@ -32,9 +32,11 @@ def empty_cache(input_signature, max_length):
   """The predict-mode state before the first token: zero key and value
   buffers of `max_length` positions, and the next position, 0."""
   _, k, v = input_signature
-  return (jnp.zeros((k.shape[0], max_length, k.shape[-1]), k.dtype),
-          jnp.zeros((v.shape[0], max_length, v.shape[-1]), v.dtype),
-          jnp.array(0))
+  return (
+    jnp.zeros((k.shape[0], max_length, k.shape[-1]), k.dtype),
+    jnp.zeros((v.shape[0], max_length, v.shape[-1]), v.dtype),
+    jnp.array(0),
+  )
 
 
 def append_to_cache(cache, new_k, new_v):
@@ -48,14 +50,16 @@ def append_to_cache(cache, new_k, new_v):
   new = new_k.shape[1]
   ks = jax.lax.dynamic_update_slice_in_dim(ks, new_k, index, axis=1)
   vs = jax.lax.dynamic_update_slice_in_dim(vs, new_v, index, axis=1)
-  mask = (jnp.arange(ks.shape[1]).reshape((1, 1, -1))
-          <= (jnp.arange(new) + index).reshape((1, new, 1)))
+  mask = jnp.arange(ks.shape[1]).reshape((1, 1, -1)) <= (
+    jnp.arange(new) + index
+  ).reshape((1, new, 1))
   return (ks, vs, index + new), mask
 
 
 @assert_shape('bld,bld,bld->bld')
-@gin.configurable('QkvDotProductCausalAttention', module='trax_qkv',
-                  denylist=['mode'])
+@gin.configurable(
+  'QkvDotProductCausalAttention', module='trax_qkv', denylist=['mode']
+)
 class DotProductCausalAttention(kernel_layer.KernelLayer):
   """Maps per-head `(Q, K, V)` to activations, each position attending to
   itself and the positions before it.
@@ -66,8 +70,13 @@ class DotProductCausalAttention(kernel_layer.KernelLayer):
   'viz' mode its state holds the (batch * heads, L, L) attention weights.
   """
 
-  def __init__(self, dropout=0.0, max_inference_length=2048, mode='train',
-               implementation='reference'):
+  def __init__(
+    self,
+    dropout=0.0,
+    max_inference_length=2048,
+    mode='train',
+    implementation='reference',
+  ):
     """Creates a DotProductCausalAttention layer.
 
     Args:
@@ -87,8 +96,15 @@ class DotProductCausalAttention(kernel_layer.KernelLayer):
     checks.check_causal_inputs(inputs)
 
   def _call(self, q, k):
-    return kernels.Call(q.shape, k.shape, q.dtype, 1, self.dropout_rate,
-                        causal=True, predict=self._mode == 'predict')
+    return kernels.Call(
+      q.shape,
+      k.shape,
+      q.dtype,
+      1,
+      self.dropout_rate,
+      causal=True,
+      predict=self._mode == 'predict',
+    )
 
   def init_weights_and_state(self, input_signature):
     if self._mode == 'predict':
@@ -106,17 +122,25 @@ class DotProductCausalAttention(kernel_layer.KernelLayer):
     if self._mode == 'viz':
       # The heads are already in the batch axis, as in Trax's own math.
       activations, self.state = kernels.reference.per_head_attention(
-          q, k, v, kernels.causal_mask(q.shape[1]))
+        q, k, v, kernels.causal_mask(q.shape[1])
+      )
       return activations
-    return kernel.causal(q, k, v, dropout_rate=self.dropout_rate,
-                         dropout_rng=self.rng)
+    return kernel.causal(
+      q, k, v, dropout_rate=self.dropout_rate, dropout_rng=self.rng
+    )
 
 
 @assert_shape('bld->bld')
 @gin.configurable('QkvCausalAttention', module='trax_qkv', denylist=['mode'])
-def CausalAttention(d_feature, n_heads=1, dropout=0.0,
-                    max_inference_length=2048, use_dconv=False, mode='train',
-                    implementation='reference'):
+def CausalAttention(
+  d_feature,
+  n_heads=1,
+  dropout=0.0,
+  max_inference_length=2048,
+  use_dconv=False,
+  mode='train',
+  implementation='reference',
+):
   """Maps activations to activations: multi-head causal self-attention.
 
   Data flow, as in trax 1.4.1 (`trax.layers.CausalAttention`):
@@ -142,14 +166,21 @@ def CausalAttention(d_feature, n_heads=1, dropout=0.0,
   # projects with RowsDense (faster gradients, same weights).
   dense = core.Dense if implementation == 'reference' else RowsDense
 
-  def _Projection():  # pylint: disable=invalid-name
+  def _Projection():
     if use_dconv:
       return cb.Serial(dense(d_feature), convolution.CausalDepthwiseConv())
     return dense(d_feature)
 
   return trax_attention.ConfigurableAttention(
-      _Projection(), _Projection(), _Projection(), dense(d_feature),
-      n_heads=n_heads,
-      qkv_attention_layer=DotProductCausalAttention(
-          dropout=dropout, max_inference_length=max_inference_length,
-          mode=mode, implementation=implementation))
+    _Projection(),
+    _Projection(),
+    _Projection(),
+    dense(d_feature),
+    n_heads=n_heads,
+    qkv_attention_layer=DotProductCausalAttention(
+      dropout=dropout,
+      max_inference_length=max_inference_length,
+      mode=mode,
+      implementation=implementation,
+    ),
+  )

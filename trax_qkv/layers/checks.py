@@ -31,8 +31,9 @@ def check_d_feature(d_feature, n_heads):
   check_positive_int('d_feature', d_feature)
   if d_feature % n_heads:
     raise ValueError(
-        f'd_feature ({d_feature}) must be divisible by n_heads ({n_heads}): '
-        f'each head gets d_feature // n_heads features.')
+      f'd_feature ({d_feature}) must be divisible by n_heads ({n_heads}): '
+      f'each head gets d_feature // n_heads features.'
+    )
 
 
 def check_dropout(dropout):
@@ -53,21 +54,24 @@ def check_sparsity(name, sparsity, d_feature):
     return
   if not _is_int(sparsity) or sparsity < 1 or d_feature % sparsity:
     raise ValueError(
-        f"{name} must be None, 'noop' or a positive int that divides "
-        f'd_feature ({d_feature}); got {sparsity!r}.')
+      f"{name} must be None, 'noop' or a positive int that divides "
+      f'd_feature ({d_feature}); got {sparsity!r}.'
+    )
 
 
 def _check_float(name, x):
   if not np.issubdtype(np.dtype(x.dtype), np.floating):
     raise TypeError(
-        f'{name} must be a floating-point array (float32, bfloat16, ...); '
-        f'got dtype {x.dtype}.')
+      f'{name} must be a floating-point array (float32, bfloat16, ...); '
+      f'got dtype {x.dtype}.'
+    )
 
 
 def _check_rank3(name, x):
   if len(x.shape) != 3:
     raise ValueError(
-        f'{name} must have shape (batch, length, features); got {x.shape}.')
+      f'{name} must have shape (batch, length, features); got {x.shape}.'
+    )
 
 
 def check_qkv_inputs(inputs, n_heads=None):
@@ -78,9 +82,11 @@ def check_qkv_inputs(inputs, n_heads=None):
   (AttentionQKV: raw activations, projected by Dense) feature sizes are free.
   """
   if not isinstance(inputs, (tuple, list)) or len(inputs) != 4:
-    raise TypeError('inputs must be a tuple (Q, K, V, mask); '
-                    f'got {type(inputs).__name__} of length '
-                    f'{len(inputs) if hasattr(inputs, "__len__") else "?"}.')
+    raise TypeError(
+      'inputs must be a tuple (Q, K, V, mask); '
+      f'got {type(inputs).__name__} of length '
+      f'{len(inputs) if hasattr(inputs, "__len__") else "?"}.'
+    )
   q, k, v, mask = inputs
   for name, x in (('Q', q), ('K', k), ('V', v)):
     _check_rank3(name, x)
@@ -88,46 +94,61 @@ def check_qkv_inputs(inputs, n_heads=None):
   batch, lq, lk = q.shape[0], q.shape[1], k.shape[1]
   if not k.shape[0] == v.shape[0] == batch:
     raise ValueError(
-        'Q, K and V must have the same batch size; got batch sizes '
-        f'{q.shape[0]}, {k.shape[0]}, {v.shape[0]}.')
+      'Q, K and V must have the same batch size; got batch sizes '
+      f'{q.shape[0]}, {k.shape[0]}, {v.shape[0]}.'
+    )
   if v.shape[1] != lk:
     raise ValueError(
-        f'K and V must have the same length; got K {k.shape} and V {v.shape}.')
+      f'K and V must have the same length; got K {k.shape} and V {v.shape}.'
+    )
   if n_heads is not None:
     if q.shape[2] != k.shape[2]:
       raise ValueError(
-          'Q and K must have the same feature size; got Q '
-          f'{q.shape} and K {k.shape}.')
+        'Q and K must have the same feature size; got Q '
+        f'{q.shape} and K {k.shape}.'
+      )
     for name, x in (('Q', q), ('V', v)):
       if x.shape[2] % n_heads:
         raise ValueError(
-            f'{name} feature size ({x.shape[2]}) must be divisible by n_heads '
-            f'({n_heads}).')
+          f'{name} feature size ({x.shape[2]}) must be divisible by n_heads '
+          f'({n_heads}).'
+        )
   if mask is not None:
     shape = tuple(mask.shape)
-    if (len(shape) != 4 or shape[0] not in (1, batch) or shape[1] != 1
-        or shape[2] not in (1, lq) or shape[3] != lk):
+    if (
+      len(shape) != 4
+      or shape[0] not in (1, batch)
+      or shape[1] != 1
+      or shape[2] not in (1, lq)
+      or shape[3] != lk
+    ):
       raise ValueError(
-          'mask must be broadcastable to (batch, 1, Lq, Lk) = '
-          f'({batch}, 1, {lq}, {lk}), i.e. shape (batch or 1, 1, 1 or Lq, '
-          f'Lk); got {shape}.')
+        'mask must be broadcastable to (batch, 1, Lq, Lk) = '
+        f'({batch}, 1, {lq}, {lk}), i.e. shape (batch or 1, 1, 1 or Lq, '
+        f'Lk); got {shape}.'
+      )
 
 
 def check_causal_inputs(inputs):
   """Checks a per-head (Q, K, V) tuple of arrays or ShapeDtypes: each
   (batch * heads, L, d_head), one length for all three."""
   if not isinstance(inputs, (tuple, list)) or len(inputs) != 3:
-    raise TypeError('inputs must be a tuple (Q, K, V); '
-                    f'got {type(inputs).__name__} of length '
-                    f'{len(inputs) if hasattr(inputs, "__len__") else "?"}.')
+    raise TypeError(
+      'inputs must be a tuple (Q, K, V); '
+      f'got {type(inputs).__name__} of length '
+      f'{len(inputs) if hasattr(inputs, "__len__") else "?"}.'
+    )
   q, k, v = inputs
   for name, x in (('Q', q), ('K', k), ('V', v)):
     _check_rank3(name, x)
     _check_float(name, x)
   if not q.shape[:2] == k.shape[:2] == v.shape[:2]:
     raise ValueError(
-        'Q, K and V must have the same (batch * heads, length); got Q '
-        f'{q.shape}, K {k.shape} and V {v.shape}.')
+      'Q, K and V must have the same (batch * heads, length); got Q '
+      f'{q.shape}, K {k.shape} and V {v.shape}.'
+    )
   if q.shape[2] != k.shape[2]:
-    raise ValueError('Q and K must have the same feature size; got Q '
-                     f'{q.shape} and K {k.shape}.')
+    raise ValueError(
+      'Q and K must have the same feature size; got Q '
+      f'{q.shape} and K {k.shape}.'
+    )

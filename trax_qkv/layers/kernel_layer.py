@@ -37,7 +37,8 @@ class KernelLayer(base.Layer):
     kernels.check_implementation(implementation)
     if mode != 'viz':
       kernels.check_supported(
-          implementation, dropout_rate=dropout if mode == 'train' else 0.0)
+        implementation, dropout_rate=dropout if mode == 'train' else 0.0
+      )
     super().__init__(n_in=n_in, n_out=n_out)
     self._dropout = dropout
     self._mode = mode

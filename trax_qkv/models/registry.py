@@ -3,13 +3,14 @@
 trax.models.transformer builds its attention layers by calling, when the
 model is built, one of three names of `trax.layers` -- one per site:
 
-  site                tl name          used by                         dispatcher (gin)
-  'self_attention'    Attention        encoders: Transformer,          EncoderSelfAttention
-                                       TransformerEncoder
-  'causal_attention'  CausalAttention  decoders: Transformer,          DecoderSelfAttention
-                                       TransformerDecoder, TransformerLM
-  'cross_attention'   AttentionQKV     Transformer's encoder-decoder   EncoderDecoderAttention
-                                       attention
+  site               tl name          dispatcher (gin)         used by
+  'self_attention'   Attention        EncoderSelfAttention     encoders
+  'causal_attention' CausalAttention  DecoderSelfAttention     decoders, LMs
+  'cross_attention'  AttentionQKV     EncoderDecoderAttention  Transformer
+
+(encoders: Transformer, TransformerEncoder; decoders: Transformer,
+TransformerDecoder, TransformerLM; cross-attention: Transformer's
+encoder-decoder attention.)
 
 `install()` (run when trax_qkv is imported) makes those names the
 gin-configurable dispatchers above, in that module only; their default,
@@ -38,8 +39,8 @@ import functools
 import types
 
 import gin
-import trax.layers
 from trax import layers as tl
+import trax.layers
 from trax.models import transformer as trax_transformer
 
 from trax_qkv import kernels
@@ -66,6 +67,7 @@ class Site:
     dispatcher: the gin name (module `trax_qkv`) of the site's dispatcher.
     role: what the site is, in words.
   """
+
   name: str
   trax_name: str
   builtin: object
@@ -74,19 +76,40 @@ class Site:
   role: str
 
 
-SITES = {site.name: site for site in (
-    Site('self_attention', 'Attention', tl.Attention, layers.Attention,
-         'EncoderSelfAttention', 'encoder self-attention'),
-    Site('causal_attention', 'CausalAttention', tl.CausalAttention,
-         layers.CausalAttention, 'DecoderSelfAttention',
-         'decoder causal self-attention'),
-    Site('cross_attention', 'AttentionQKV', tl.AttentionQKV,
-         layers.AttentionQKV, 'EncoderDecoderAttention',
-         'encoder-decoder (cross-) attention'),
-)}
+SITES = {
+  site.name: site
+  for site in (
+    Site(
+      'self_attention',
+      'Attention',
+      tl.Attention,
+      layers.Attention,
+      'EncoderSelfAttention',
+      'encoder self-attention',
+    ),
+    Site(
+      'causal_attention',
+      'CausalAttention',
+      tl.CausalAttention,
+      layers.CausalAttention,
+      'DecoderSelfAttention',
+      'decoder causal self-attention',
+    ),
+    Site(
+      'cross_attention',
+      'AttentionQKV',
+      tl.AttentionQKV,
+      layers.AttentionQKV,
+      'EncoderDecoderAttention',
+      'encoder-decoder (cross-) attention',
+    ),
+  )
+}
 _REGISTRY = {site: {BUILTIN: SITES[site].builtin} for site in SITES}
-_overrides = {site: contextvars.ContextVar(f'trax_qkv_{site}', default=None)
-              for site in SITES}
+_overrides = {
+  site: contextvars.ContextVar(f'trax_qkv_{site}', default=None)
+  for site in SITES
+}
 # Old name -> (today's name, warning to give): `trax_qkv.compat` fills it.
 _RENAMED = {}
 
@@ -149,9 +172,10 @@ def resolve_attention(site, implementation):
   if isinstance(implementation, str) and implementation in kernels.names():
     return functools.partial(SITES[site].ours, implementation=implementation)
   raise ValueError(
-      f'{site} implementation must be one of '
-      f'{attention_implementations(site)} or a layer factory; got '
-      f'{implementation!r}.')
+    f'{site} implementation must be one of '
+    f'{attention_implementations(site)} or a layer factory; got '
+    f'{implementation!r}.'
+  )
 
 
 @contextlib.contextmanager
@@ -165,8 +189,11 @@ def use_attention(**implementations):
       it is (the gin binding, or an enclosing block). Every site and name is
       checked before anything is built.
   """
-  chosen = {site: canonical_name(name)
-            for site, name in implementations.items() if name is not None}
+  chosen = {
+    site: canonical_name(name)
+    for site, name in implementations.items()
+    if name is not None
+  }
   for site, name in chosen.items():
     resolve_attention(site, name)
   tokens = [(site, _overrides[site].set(name)) for site, name in chosen.items()]
@@ -184,6 +211,7 @@ def _make_dispatcher(site):
   layer's own defaults and gin bindings (e.g.
   `trax.layers.CausalAttention.max_inference_length`) apply as before.
   """
+
   def dispatcher(d_feature, implementation=BUILTIN, **kwargs):
     chosen = _overrides[site.name].get() or implementation
     return resolve_attention(site.name, chosen)(d_feature, **kwargs)

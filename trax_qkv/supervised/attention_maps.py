@@ -14,8 +14,9 @@ from trax_qkv.supervised import model_dir as model_dir_lib
 from trax_qkv.supervised import translation
 
 
-def cross_attention_weights(model_fn, weights_file, source_ids, target_ids,
-                            n_decoder_layers):
+def cross_attention_weights(
+  model_fn, weights_file, source_ids, target_ids, n_decoder_layers
+):
   """Per decoder layer, (batch, heads, Lq, Lk) cross-attention weights.
 
   Encoder self-attention also contains a PureAttention and comes first in
@@ -25,8 +26,11 @@ def cross_attention_weights(model_fn, weights_file, source_ids, target_ids,
   model = model_fn(mode='viz')
   src = decoding.pad_rows(source_ids, max(len(s) for s in source_ids))
   tgt = decoding.pad_rows(target_ids, max(len(t) for t in target_ids))
-  model.init_from_file(weights_file, weights_only=True,
-                       input_signature=shapes.signature((src, tgt)))
+  model.init_from_file(
+    weights_file,
+    weights_only=True,
+    input_signature=shapes.signature((src, tgt)),
+  )
   model((src, tgt))
   found = []
 
@@ -71,17 +75,27 @@ def for_sentence(model_dir, source, target=None, attention=None):
   translation.check_checkpoint(model, model_fn)
   if target is None:
     target_ids = translation.translate_ids(
-        model, [source], attention=attention)[0] + [EOS_ID]
+      model, [source], attention=attention
+    )[0] + [EOS_ID]
     target = model.vocab.decode(target_ids[:-1])
   else:
     target_ids = model.vocab.encode(target) + [EOS_ID]
   if len(target_ids) > model.settings['max_len']:
-    raise ValueError(f'target has {len(target_ids)} subwords with EOS; the '
-                     f"model takes at most {model.settings['max_len']} (its "
-                     'max_len).')
+    raise ValueError(
+      f'target has {len(target_ids)} subwords with EOS; the '
+      f'model takes at most {model.settings["max_len"]} (its '
+      'max_len).'
+    )
   layers = cross_attention_weights(
-      model_fn, model.checkpoint,
-      [source_ids], [target_ids], model.settings['n_decoder_layers'])
-  return (token_pieces(model.vocab, source_ids),
-          token_pieces(model.vocab, target_ids), [w[0] for w in layers],
-          target)
+    model_fn,
+    model.checkpoint,
+    [source_ids],
+    [target_ids],
+    model.settings['n_decoder_layers'],
+  )
+  return (
+    token_pieces(model.vocab, source_ids),
+    token_pieces(model.vocab, target_ids),
+    [w[0] for w in layers],
+    target,
+  )

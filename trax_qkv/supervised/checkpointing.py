@@ -50,8 +50,9 @@ def finish_interrupted_save(output_dir):
     path = os.path.join(output_dir, name)
     if name.startswith('.') and name.endswith('.committed'):
       for filename in sorted(os.listdir(path)):
-        os.replace(os.path.join(path, filename),
-                   os.path.join(output_dir, filename))
+        os.replace(
+          os.path.join(path, filename), os.path.join(output_dir, filename)
+        )
       os.rmdir(path)
     elif name.startswith('.') and name.endswith('.staging'):
       shutil.rmtree(path)
@@ -91,7 +92,8 @@ def _metadata(path):
   meta = checkpoint_files.unpickle_from_file(path, gzip=True)
   if not isinstance(meta, dict) or not isinstance(meta.get('step'), int):
     raise checkpoint_files.CorruptCheckpointError(
-        f'{path} is not a Trax checkpoint: it holds no dict with a step.')
+      f'{path} is not a Trax checkpoint: it holds no dict with a step.'
+    )
   return meta
 
 
@@ -113,23 +115,26 @@ class CheckpointWriteError(RunError):
 
 def _shapes(arrays):
   """Shapes of the arrays, skipping Trax's empty markers (None and ())."""
-  return [np.shape(a) for a in arrays
-          if a is not None and not (isinstance(a, tuple) and not a)]
+  return [
+    np.shape(a)
+    for a in arrays
+    if a is not None and not (isinstance(a, tuple) and not a)
+  ]
 
 
 def _first_misfit(saved, expected, what):
   """Where two lists of shapes differ, in words; None when they agree."""
   if len(saved) != len(expected):
-    return (f'it holds {len(saved)} {what} arrays, the model has '
-            f'{len(expected)}')
+    return f'it holds {len(saved)} {what} arrays, the model has {len(expected)}'
   for i, (a, b) in enumerate(zip(saved, expected)):
     if a != b:
       return f'{what} #{i} has shape {a}, the model expects {b}'
   return None
 
 
-def check_checkpoint_fits(model, directory, basename='model',
-                          slots_per_task=None):
+def check_checkpoint_fits(
+  model, directory, basename='model', slots_per_task=None
+):
   """Raises CheckpointMismatchError unless the checkpoint's weights (and,
   given the optimizer slots of each task, its slot files) have the shapes
   of `model`'s initialized weights (and of those slots), one by one.
@@ -151,18 +156,20 @@ def check_checkpoint_fits(model, directory, basename='model',
   if problem is None and isinstance(meta.get('slots_per_task'), int):
     for i, slots in enumerate(slots_per_task or ()):
       problem = _first_misfit(
-          _shapes(checkpoint_files.np_from_file(
-              f'{path}.opt_slots{i}.npy.gz')),
-          _shapes(jax.tree_util.tree_leaves(slots)), 'optimizer slot')
+        _shapes(checkpoint_files.np_from_file(f'{path}.opt_slots{i}.npy.gz')),
+        _shapes(jax.tree_util.tree_leaves(slots)),
+        'optimizer slot',
+      )
       if problem:
         break
   if problem:
     raise CheckpointMismatchError(
-        f'checkpoint {path}.pkl.gz (step {meta["step"]}) does not fit the '
-        f'model: {problem}. It was written by a model of another size '
-        '(d_model, d_ff, layers, heads or vocabulary) or with another '
-        'optimizer; resume with the same settings, or train into a new '
-        'output directory.')
+      f'checkpoint {path}.pkl.gz (step {meta["step"]}) does not fit the '
+      f'model: {problem}. It was written by a model of another size '
+      '(d_model, d_ff, layers, heads or vocabulary) or with another '
+      'optimizer; resume with the same settings, or train into a new '
+      'output directory.'
+    )
 
 
 def _fsync_dir(path):
@@ -199,13 +206,17 @@ class ResumableLoop(training.Loop):
     loss, stats = super()._run_one_step(task_index, task_changed)
     if not np.all(np.isfinite(np.asarray(loss))):
       # Raised before this step's weights can be saved.
-      where = (f'the last checkpoint in {self._output_dir} (step '
-               f'{checkpoint_step(self._output_dir)}) is the last good one'
-               if self._output_dir else 'nothing was saved')
+      where = (
+        f'the last checkpoint in {self._output_dir} (step '
+        f'{checkpoint_step(self._output_dir)}) is the last good one'
+        if self._output_dir
+        else 'nothing was saved'
+      )
       raise NonFiniteLossError(
-          f'the training loss is {np.mean(np.asarray(loss))} at step '
-          f'{self.step}, so training stopped there; {where}. Lower the '
-          'learning rate or check the data before resuming.')
+        f'the training loss is {np.mean(np.asarray(loss))} at step '
+        f'{self.step}, so training stopped there; {where}. Lower the '
+        'learning rate or check the data before resuming.'
+      )
     if self._progress is not None:
       self._progress.update(loss=float(np.mean(np.asarray(loss))))
     return loss, stats
@@ -213,8 +224,9 @@ class ResumableLoop(training.Loop):
   def run(self, n_steps=1):
     self._in_run = True
     if self.progress_log is not None:
-      self._progress = Progress(n_steps, 'training', self.progress_log,
-                                unit='step', every_seconds=120)
+      self._progress = Progress(
+        n_steps, 'training', self.progress_log, unit='step', every_seconds=120
+      )
     try:
       super().run(n_steps)
     finally:
@@ -237,8 +249,11 @@ class ResumableLoop(training.Loop):
 
   def save_checkpoint(self, basename):
     """Saves atomically; inside `run`, at an eval step, after the evals."""
-    if (self._in_run and self._eval_at(self.step)
-        and self._evals_done_at != self.step):
+    if (
+      self._in_run
+      and self._eval_at(self.step)
+      and self._evals_done_at != self.step
+    ):
       self._pending_checkpoints.append(basename)
       return
     if self._output_dir is None or not self.is_chief:
@@ -254,21 +269,22 @@ class ResumableLoop(training.Loop):
         super().save_checkpoint(basename)
       finally:
         self._output_dir = output_dir
-      np.save(os.path.join(staging, basename + RNG_SUFFIX),
-              np.asarray(self._rng))
+      np.save(
+        os.path.join(staging, basename + RNG_SUFFIX), np.asarray(self._rng)
+      )
       for filename in os.listdir(staging):
         with open(os.path.join(staging, filename), 'rb+') as f:
           os.fsync(f.fileno())
       _fsync_dir(staging)
-      os.rename(staging,
-                os.path.join(output_dir, _COMMITTED.format(basename)))
+      os.rename(staging, os.path.join(output_dir, _COMMITTED.format(basename)))
     except OSError as e:  # the commit (rename) did not happen
       shutil.rmtree(staging, ignore_errors=True)
       raise CheckpointWriteError(
-          f'could not write the checkpoint of step {self.step} to '
-          f'{output_dir}: {e}. The checkpoint there (step '
-          f'{checkpoint_step(output_dir, basename)}) is untouched, and '
-          'running the same command again resumes from it.') from e
+        f'could not write the checkpoint of step {self.step} to '
+        f'{output_dir}: {e}. The checkpoint there (step '
+        f'{checkpoint_step(output_dir, basename)}) is untouched, and '
+        'running the same command again resumes from it.'
+      ) from e
     _fsync_dir(output_dir)
     finish_interrupted_save(output_dir)
     if basename == 'model':
@@ -281,8 +297,12 @@ class ResumableLoop(training.Loop):
       return
     filename = filename or 'model'
     with checkpoint_files.reading_once():
-      check_checkpoint_fits(self._model, directory, filename,
-                            [t.slots for t in self._trainer_per_task])
+      check_checkpoint_fits(
+        self._model,
+        directory,
+        filename,
+        [t.slots for t in self._trainer_per_task],
+      )
       super().load_checkpoint(directory, filename)
     if directory == self._output_dir and filename == 'model':
       self._saved_step = self.step

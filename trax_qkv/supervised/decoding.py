@@ -28,14 +28,14 @@ def encode_sources(vocab, sources):
 
 def cut_at_eos(tokens):
   tokens = list(tokens)
-  return tokens[:tokens.index(EOS_ID)] if EOS_ID in tokens else tokens
+  return tokens[: tokens.index(EOS_ID)] if EOS_ID in tokens else tokens
 
 
 def pad_rows(rows, width):
   """Lists of ids -> int32 (len(rows), width), zero-padded."""
   out = np.zeros((len(rows), width), dtype=np.int32)
   for i, row in enumerate(rows):
-    out[i, :len(row)] = row
+    out[i, : len(row)] = row
   return out
 
 
@@ -51,8 +51,9 @@ def sentences_per_batch(batch_size, n_beams, n_sentences):
   return max(1, min(per_batch, n_sentences))
 
 
-def predict_model(model_fn, weights_file, batch_size, source_length,
-                  max_length=None):
+def predict_model(
+  model_fn, weights_file, batch_size, source_length, max_length=None
+):
   """A predict-mode model loaded from `weights_file` for fixed-shape batches.
 
   Args:
@@ -69,22 +70,30 @@ def predict_model(model_fn, weights_file, batch_size, source_length,
   """
   if max_length:
     with gin.unlock_config():  # locked once a trainer has finalized it
-      for layer in ('trax.layers.CausalAttention',
-                    'trax_qkv.QkvCausalAttention'):
+      for layer in (
+        'trax.layers.CausalAttention',
+        'trax_qkv.QkvCausalAttention',
+      ):
         gin.bind_parameter(
-            f'{DECODING_SCOPE}/{layer}.max_inference_length', max_length)
+          f'{DECODING_SCOPE}/{layer}.max_inference_length', max_length
+        )
   with gin.config_scope(DECODING_SCOPE if max_length else None):
     model = model_fn(mode='predict')
-  signature = shapes.signature((np.zeros((batch_size, source_length),
-                                         np.int32),
-                                np.zeros((batch_size, 1), np.int32)))
-  model.init_from_file(weights_file, weights_only=True,
-                       input_signature=signature)
+  signature = shapes.signature(
+    (
+      np.zeros((batch_size, source_length), np.int32),
+      np.zeros((batch_size, 1), np.int32),
+    )
+  )
+  model.init_from_file(
+    weights_file, weights_only=True, input_signature=signature
+  )
   return model
 
 
-def greedy_decode(model, source_ids, batch_size, source_length, max_length,
-                  progress=None):
+def greedy_decode(
+  model, source_ids, batch_size, source_length, max_length, progress=None
+):
   """Greedy decoding of `source_ids` (lists of ids) -> lists of ids, no EOS.
 
   `model` comes from `predict_model(..., batch_size, source_length)`;
@@ -92,19 +101,27 @@ def greedy_decode(model, source_ids, batch_size, source_length, max_length,
   """
   too_long = [i for i, s in enumerate(source_ids) if len(s) > source_length]
   if too_long:
-    raise ValueError(f'source {too_long[0]} has {len(source_ids[too_long[0]])}'
-                     f' tokens; the model was prepared for {source_length}.')
+    raise ValueError(
+      f'source {too_long[0]} has {len(source_ids[too_long[0]])}'
+      f' tokens; the model was prepared for {source_length}.'
+    )
   fast = tl.Accelerate(model)  # jit once, reuse for every batch
   initial_state = model.state
   outputs = []
   for start in range(0, len(source_ids), batch_size):
-    rows = source_ids[start:start + batch_size]
+    rows = source_ids[start : start + batch_size]
     batch = pad_rows(rows + [[]] * (batch_size - len(rows)), source_length)
     fast.state = initial_state
     tokens = decoding.autoregressive_sample(
-        fast, batch, batch_size=batch_size, temperature=0.0,
-        max_length=max_length, eos_id=EOS_ID, accelerate=False)
-    outputs.extend(cut_at_eos(row) for row in np.asarray(tokens)[:len(rows)])
+      fast,
+      batch,
+      batch_size=batch_size,
+      temperature=0.0,
+      max_length=max_length,
+      eos_id=EOS_ID,
+      accelerate=False,
+    )
+    outputs.extend(cut_at_eos(row) for row in np.asarray(tokens)[: len(rows)])
     if progress is not None:
       progress.update()
   return outputs
@@ -128,16 +145,24 @@ def _select_beams(candidates, n_beams, vocab_size, step, alpha, finished):
   tokens = np.zeros(n_beams, np.int32)
   alive = 0
   # 2 * n_beams candidates always hold n_beams that do not end in EOS.
-  for index in np.argsort(-candidates)[:2 * n_beams]:
+  for index in np.argsort(-candidates)[: 2 * n_beams]:
     if not np.isfinite(candidates[index]):
       break
     parent, token = divmod(int(index), vocab_size)
     if token == EOS_ID:
-      finished.append((candidates[index] / length_penalty(step + 1, alpha),
-                       candidates[index], parent))
+      finished.append(
+        (
+          candidates[index] / length_penalty(step + 1, alpha),
+          candidates[index],
+          parent,
+        )
+      )
     else:
-      scores[alive], parents[alive], tokens[alive] = (candidates[index],
-                                                      parent, token)
+      scores[alive], parents[alive], tokens[alive] = (
+        candidates[index],
+        parent,
+        token,
+      )
       alive += 1
       if alive == n_beams:
         break
@@ -151,16 +176,27 @@ def _gather_beams(state, order, rows):
   decoder's K/V caches hold rows * heads, batch-major); scalars (cache
   positions) are shared by all rows and stay.
   """
+
   def gather(x):
     if not np.ndim(x) or x.shape[0] % rows:
       return x
     per_row = x.reshape((rows, x.shape[0] // rows) + x.shape[1:])
     return per_row[order].reshape(x.shape)
+
   return jax.tree_util.tree_map(gather, state)
 
 
-def beam_decode(model, source_ids, batch_size, source_length, n_beams,
-                max_length, alpha=0.6, with_log_probs=False, progress=None):
+def beam_decode(
+  model,
+  source_ids,
+  batch_size,
+  source_length,
+  n_beams,
+  max_length,
+  alpha=0.6,
+  with_log_probs=False,
+  progress=None,
+):
   """Beam search -> lists of ids (best hypothesis per source, no EOS).
 
   `model` comes from `predict_model(..., batch_size * n_beams,
@@ -179,9 +215,10 @@ def beam_decode(model, source_ids, batch_size, source_length, n_beams,
   bound = length_penalty(max_length, alpha)
   outputs = []
   for start in range(0, len(source_ids), batch_size):
-    sources = source_ids[start:start + batch_size]
-    batch = pad_rows(sources + [[]] * (batch_size - len(sources)),
-                     source_length)
+    sources = source_ids[start : start + batch_size]
+    batch = pad_rows(
+      sources + [[]] * (batch_size - len(sources)), source_length
+    )
     repeated = np.repeat(batch, n_beams, axis=0)
     fast.state = initial_state
     scores = np.full((batch_size, n_beams), -np.inf)
@@ -194,27 +231,35 @@ def beam_decode(model, source_ids, batch_size, source_length, n_beams,
       log_probs = logits - logits.max(axis=-1, keepdims=True)
       log_probs -= np.log(np.exp(log_probs).sum(axis=-1, keepdims=True))
       vocab_size = log_probs.shape[-1]
-      candidates = (scores[..., None] +
-                    log_probs.reshape(batch_size, n_beams, vocab_size))
+      candidates = scores[..., None] + log_probs.reshape(
+        batch_size, n_beams, vocab_size
+      )
       parents = np.zeros((batch_size, n_beams), np.int64)
       tokens = np.zeros((batch_size, n_beams), np.int32)
       for b in range(batch_size):
         ended = []
         scores[b], parents[b], tokens[b] = _select_beams(
-            candidates[b].reshape(-1), n_beams, vocab_size, step, alpha,
-            ended)
-        finished[b] += [(s, log_prob, prefixes[b, p].tolist())
-                        for s, log_prob, p in ended]
+          candidates[b].reshape(-1), n_beams, vocab_size, step, alpha, ended
+        )
+        finished[b] += [
+          (s, log_prob, prefixes[b, p].tolist()) for s, log_prob, p in ended
+        ]
       prefixes = np.concatenate(
-          [np.take_along_axis(prefixes, parents[..., None], axis=1),
-           tokens[..., None]], axis=2)
+        [
+          np.take_along_axis(prefixes, parents[..., None], axis=1),
+          tokens[..., None],
+        ],
+        axis=2,
+      )
       order = (np.arange(batch_size)[:, None] * n_beams + parents).reshape(-1)
       fast.state = _gather_beams(fast.state, order, rows)
       token = tokens.reshape(rows, 1)
       # Log-probabilities only fall as a beam grows, so an alive beam can
       # score at most (its score now) / (the largest length penalty).
-      if all(finished[b] and max(finished[b])[0] >= scores[b].max() / bound
-             for b in range(len(sources))):
+      if all(
+        finished[b] and max(finished[b])[0] >= scores[b].max() / bound
+        for b in range(len(sources))
+      ):
         break
     for b in range(len(sources)):
       if finished[b]:
@@ -228,9 +273,18 @@ def beam_decode(model, source_ids, batch_size, source_length, n_beams,
   return outputs
 
 
-def decode(model_fn, weights_file, source_ids, n_beams=1, alpha=0.6,
-           batch_size=32, max_length=None, source_length=None,
-           description='decoding', log=None):
+def decode(
+  model_fn,
+  weights_file,
+  source_ids,
+  n_beams=1,
+  alpha=0.6,
+  batch_size=32,
+  max_length=None,
+  source_length=None,
+  description='decoding',
+  log=None,
+):
   """Decodes `source_ids` with the model of `weights_file`: the one
   sequence that trax-qkv-translate and the main job run.
 
@@ -253,13 +307,24 @@ def decode(model_fn, weights_file, source_ids, n_beams=1, alpha=0.6,
   """
   source_length = source_length or max(len(s) for s in source_ids)
   batch = sentences_per_batch(batch_size, n_beams, len(source_ids))
-  model = predict_model(model_fn, weights_file, batch * n_beams,
-                        source_length, max_length)
+  model = predict_model(
+    model_fn, weights_file, batch * n_beams, source_length, max_length
+  )
   n_batches = -(-len(source_ids) // batch)
-  with (Progress(n_batches, description, log) if log
-        else contextlib.nullcontext()) as progress:
+  with (
+    Progress(n_batches, description, log) if log else contextlib.nullcontext()
+  ) as progress:
     if n_beams == 1:
-      return greedy_decode(model, source_ids, batch, source_length,
-                           max_length, progress=progress)
-    return beam_decode(model, source_ids, batch, source_length, n_beams,
-                       max_length, alpha=alpha, progress=progress)
+      return greedy_decode(
+        model, source_ids, batch, source_length, max_length, progress=progress
+      )
+    return beam_decode(
+      model,
+      source_ids,
+      batch,
+      source_length,
+      n_beams,
+      max_length,
+      alpha=alpha,
+      progress=progress,
+    )

@@ -39,11 +39,14 @@ def hold_output_dir(output_dir):
     except BlockingIOError:
       holder = os.pread(fd, 4096, 0).decode('utf-8', 'replace').strip()
       raise OutputDirBusyError(
-          f'output_dir {output_dir} is in use by a running job '
-          f'({holder or "a process that has not named itself yet"}); wait '
-          'for it to end, or choose another output directory.') from None
-    line = (f'pid {os.getpid()} on {socket.gethostname()}, started '
-            f'{time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(sys.argv)}\n')
+        f'output_dir {output_dir} is in use by a running job '
+        f'({holder or "a process that has not named itself yet"}); wait '
+        'for it to end, or choose another output directory.'
+      ) from None
+    line = (
+      f'pid {os.getpid()} on {socket.gethostname()}, started '
+      f'{time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(sys.argv)}\n'
+    )
     os.ftruncate(fd, 0)
     os.pwrite(fd, line.encode('utf-8'), 0)
     try:

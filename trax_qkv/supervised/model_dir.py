@@ -24,8 +24,15 @@ VOCAB_FILE = 'vocab.subwords'
 CHECKPOINT = 'model.pkl.gz'
 ATTENTION = 'attention'  # model.json's {site: implementation}
 # trax.models.Transformer's arguments that shape its weights or its math.
-TRANSFORMER_SETTINGS = ('d_model', 'd_ff', 'n_encoder_layers',
-                        'n_decoder_layers', 'n_heads', 'max_len', 'dropout')
+TRANSFORMER_SETTINGS = (
+  'd_model',
+  'd_ff',
+  'n_encoder_layers',
+  'n_decoder_layers',
+  'n_heads',
+  'max_len',
+  'dropout',
+)
 
 
 class ModelDirError(ValueError):
@@ -45,14 +52,18 @@ def transformer_fn(settings, attention=None):
   # Every argument explicit, so that no gin binding of Transformer changes
   # the model a directory describes.
   build = functools.partial(
-      trax.models.Transformer, settings['vocab_size'],
-      output_vocab_size=None, dropout_shared_axes=None,
-      ff_activation=trax.layers.Relu,
-      **{k: settings[k] for k in TRANSFORMER_SETTINGS})
+    trax.models.Transformer,
+    settings['vocab_size'],
+    output_vocab_size=None,
+    dropout_shared_axes=None,
+    ff_activation=trax.layers.Relu,
+    **{k: settings[k] for k in TRANSFORMER_SETTINGS},
+  )
 
   def model_fn(mode='train'):
     with registry.use_attention(**chosen):
       return build(mode=mode)
+
   return model_fn
 
 
@@ -70,8 +81,13 @@ def model_settings(vocab_size, attention, **transformer):
     raise ValueError(f'model settings lack {missing}.')
   for site in attention:
     registry.check_site(site)
-  return dict(vocab_size=vocab_size, **transformer, attention={
-      site: attention.get(site, registry.BUILTIN) for site in registry.SITES})
+  return dict(
+    vocab_size=vocab_size,
+    **transformer,
+    attention={
+      site: attention.get(site, registry.BUILTIN) for site in registry.SITES
+    },
+  )
 
 
 def save(run_dir, settings, vocab_path):
@@ -96,20 +112,30 @@ def _read_settings(path):
   for name in TRANSFORMER_SETTINGS + ('vocab_size',):
     value = settings.get(name)
     if name == 'dropout':
-      ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and 0.0 <= value < 1.0)
+      ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and 0.0 <= value < 1.0
+      )
       expected = 'a number in [0, 1)'
     else:
       ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
       expected = 'a positive int'
     if not ok:
       raise ModelDirError(
-          f'{file}: {name} must be {expected}; got '
-          + ('nothing (the key is missing)' if name not in settings
-             else repr(value)) + '.')
+        f'{file}: {name} must be {expected}; got '
+        + (
+          'nothing (the key is missing)'
+          if name not in settings
+          else repr(value)
+        )
+        + '.'
+      )
   if settings['d_model'] % settings['n_heads']:
-    raise ModelDirError(f'{file}: d_model ({settings["d_model"]}) must be '
-                        f'divisible by n_heads ({settings["n_heads"]}).')
+    raise ModelDirError(
+      f'{file}: d_model ({settings["d_model"]}) must be '
+      f'divisible by n_heads ({settings["n_heads"]}).'
+    )
   settings[ATTENTION] = _read_attention(file, settings)
   return settings
 
@@ -121,22 +147,28 @@ def _read_attention(file, settings):
   if ATTENTION in settings:
     attention = settings[ATTENTION]
     if not isinstance(attention, dict) or not attention:
-      raise ModelDirError(f'{file}: {ATTENTION} must map sites to the '
-                          f'attention the model was trained with; got '
-                          f'{attention!r}.')
+      raise ModelDirError(
+        f'{file}: {ATTENTION} must map sites to the '
+        f'attention the model was trained with; got '
+        f'{attention!r}.'
+      )
   else:
-    attention = {site: settings.pop(site) for site in registry.SITES
-                 if site in settings}
+    attention = {
+      site: settings.pop(site) for site in registry.SITES if site in settings
+    }
     if not attention:
-      raise ModelDirError(f'{file}: {ATTENTION} must name the attention '
-                          'the model was trained with; it is missing.')
+      raise ModelDirError(
+        f'{file}: {ATTENTION} must name the attention '
+        'the model was trained with; it is missing.'
+      )
   for site, name in attention.items():
     try:
       registry.resolve_attention(site, name)
     except (TypeError, ValueError) as e:
       raise ModelDirError(f'{file}: {e}') from None
-  return {site: attention.get(site, registry.BUILTIN)
-          for site in registry.SITES}
+  return {
+    site: attention.get(site, registry.BUILTIN) for site in registry.SITES
+  }
 
 
 def _read_vocab(path, settings):
@@ -146,13 +178,16 @@ def _read_vocab(path, settings):
     vocab = pipeline.load_vocab(path, VOCAB_FILE)
     size = vocab.vocab_size
   except (UnicodeDecodeError, ValueError) as e:
-    raise ModelDirError(f'{file} is not a subword vocabulary (one quoted '
-                        f'subword per line, UTF-8): {e}') from None
+    raise ModelDirError(
+      f'{file} is not a subword vocabulary (one quoted '
+      f'subword per line, UTF-8): {e}'
+    ) from None
   if size != settings['vocab_size']:
     raise ModelDirError(
-        f'{file} has {size} subwords, but {SETTINGS_FILE} says the model '
-        f"was trained with vocab_size {settings['vocab_size']}: they are "
-        'not from the same run.')
+      f'{file} has {size} subwords, but {SETTINGS_FILE} says the model '
+      f'was trained with vocab_size {settings["vocab_size"]}: they are '
+      'not from the same run.'
+    )
   return vocab
 
 
@@ -165,23 +200,33 @@ def load(model_dir):
   """
   path = os.path.abspath(os.path.expanduser(model_dir))
   if not os.path.isdir(path):
-    raise ModelDirError(f'model_dir {path} is not a directory; expected the '
-                        'directory of a trained model (e.g. '
-                        'runs/validate/reference).')
+    raise ModelDirError(
+      f'model_dir {path} is not a directory; expected the '
+      'directory of a trained model (e.g. '
+      'runs/validate/reference).'
+    )
   checkpoint = os.path.join(path, CHECKPOINT)
   if not os.path.exists(checkpoint):
-    inside = sorted(d for d in os.listdir(path)
-                    if os.path.exists(os.path.join(path, d, CHECKPOINT)))
-    where = (f'; it holds the models {inside}: pass one of them, e.g. '
-             f'--model_dir {os.path.join(model_dir, inside[0])}'
-             if inside else '')
-    raise ModelDirError(f'model_dir {path} has no checkpoint ({CHECKPOINT})'
-                        f'{where}.')
+    inside = sorted(
+      d
+      for d in os.listdir(path)
+      if os.path.exists(os.path.join(path, d, CHECKPOINT))
+    )
+    where = (
+      f'; it holds the models {inside}: pass one of them, e.g. '
+      f'--model_dir {os.path.join(model_dir, inside[0])}'
+      if inside
+      else ''
+    )
+    raise ModelDirError(
+      f'model_dir {path} has no checkpoint ({CHECKPOINT}){where}.'
+    )
   for name in (SETTINGS_FILE, VOCAB_FILE):
     if not os.path.exists(os.path.join(path, name)):
       raise ModelDirError(
-          f'model_dir {path} has a checkpoint but no {name}: it was not '
-          'written by trax-qkv-validate (which saves the model settings and '
-          'vocabulary with each model); rerun that command to add them.')
+        f'model_dir {path} has a checkpoint but no {name}: it was not '
+        'written by trax-qkv-validate (which saves the model settings and '
+        'vocabulary with each model); rerun that command to add them.'
+      )
   settings = _read_settings(path)
   return ModelDir(path, settings, _read_vocab(path, settings), checkpoint)

@@ -19,8 +19,8 @@ import trax.data
 import trax.models
 from trax.supervised import trainer_lib
 
-import trax_qkv.data  # the data configurables of our configs
 from trax_qkv import files
+import trax_qkv.data  # the data configurables of our configs
 from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import locking
@@ -34,20 +34,27 @@ class ConfigError(ValueError):
 def check_output_dir(output_dir):
   """A directory that exists and is writable, or can be created."""
   if not output_dir:
-    raise ValueError('output_dir must be a directory path; got '
-                     f'{output_dir!r}.')
+    raise ValueError(
+      f'output_dir must be a directory path; got {output_dir!r}.'
+    )
   path = os.path.abspath(os.path.expanduser(output_dir))
   if os.path.islink(path) and not os.path.exists(path):
-    raise ValueError(f'output_dir {path} is a symbolic link to '
-                     f'{os.readlink(path)}, which does not exist; remove the '
-                     'link or create its target.')
+    raise ValueError(
+      f'output_dir {path} is a symbolic link to '
+      f'{os.readlink(path)}, which does not exist; remove the '
+      'link or create its target.'
+    )
   if os.path.exists(path) and not os.path.isdir(path):
-    raise ValueError(f'output_dir {path} is a file; expected a directory '
-                     '(new or holding an earlier run to resume).')
+    raise ValueError(
+      f'output_dir {path} is a file; expected a directory '
+      '(new or holding an earlier run to resume).'
+    )
   existing = files.nearest_existing(path)
   if not os.access(existing, os.W_OK | os.X_OK):
-    raise PermissionError(f'output_dir {path} is not writable (checked '
-                          f'{existing}); choose a directory you can write.')
+    raise PermissionError(
+      f'output_dir {path} is not writable (checked '
+      f'{existing}); choose a directory you can write.'
+    )
   return path
 
 
@@ -55,20 +62,32 @@ def parse_configs(config_files=(), bindings=()):
   """Parses gin files and bindings; raises ConfigError naming the culprit."""
   for path in config_files:
     if not os.path.isfile(path):
-      raise ConfigError(f'config file {path} does not exist; expected a gin '
-                        'file such as configs/reference.gin.')
+      raise ConfigError(
+        f'config file {path} does not exist; expected a gin '
+        'file such as configs/reference.gin.'
+      )
     gin.add_config_file_search_path(os.path.dirname(os.path.abspath(path)))
   try:
     gin.parse_config_files_and_bindings(list(config_files), list(bindings))
-  except (SyntaxError, ValueError, KeyError, IOError, ImportError,
-          TypeError, AttributeError, tokenize.TokenError) as e:
+  except (
+    OSError,
+    SyntaxError,
+    ValueError,
+    KeyError,
+    ImportError,
+    TypeError,
+    AttributeError,
+    tokenize.TokenError,
+  ) as e:
     # gin reports a bad line by the parser's exception, a failed `import`
     # in a config by the import's.
     where = ' '.join(str(e).split())  # gin adds the file and line below
-    raise ConfigError(f'gin could not use the configuration '
-                      f'(files {list(config_files)}, bindings '
-                      f'{list(bindings)}): {type(e).__name__}: '
-                      f'{where}') from None
+    raise ConfigError(
+      f'gin could not use the configuration '
+      f'(files {list(config_files)}, bindings '
+      f'{list(bindings)}): {type(e).__name__}: '
+      f'{where}'
+    ) from None
 
 
 # trainer_lib.train's arguments that must be positive ints when bound.
@@ -82,8 +101,7 @@ def check_train_settings():
   for name in _POSITIVE_INT_ARGUMENTS:
     value = _bound('train', name, 1)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise ConfigError(f'train.{name} must be a positive int; got '
-                        f'{value!r}.')
+      raise ConfigError(f'train.{name} must be a positive int; got {value!r}.')
 
 
 def train_from_configs(config_files, bindings, output_dir):
@@ -93,8 +111,10 @@ def train_from_configs(config_files, bindings, output_dir):
   parse_configs(config_files, bindings)
   check_train_settings()
   reset_data_counters()
-  with locking.hold_output_dir(output_dir), trainer_loop_class(
-      checkpointing.ResumableLoop):
+  with (
+    locking.hold_output_dir(output_dir),
+    trainer_loop_class(checkpointing.ResumableLoop),
+  ):
     checkpointing.check_checkpoint_files(output_dir)
     settings = translation_model_settings()
     # Written before a fresh run (so that a killed one has it too), and
@@ -144,17 +164,25 @@ def translation_model_settings():
   use the run. None for any other model or data."""
   model = _bound('train', 'model', None)
   vocab = _bound('Transformer', 'input_vocab_size', None)
-  if (getattr(model, 'selector', None) != 'trax.models.Transformer'
-      or getattr(vocab, 'selector', None)
-      != 'trax_qkv.data.translation_vocab_size'):
+  if (
+    getattr(model, 'selector', None) != 'trax.models.Transformer'
+    or getattr(vocab, 'selector', None)
+    != 'trax_qkv.data.translation_vocab_size'
+  ):
     return None
   defaults = inspect.signature(trax.models.Transformer).parameters
   data = trax_qkv.data.translation_data()
   settings = model_dir.model_settings(
-      data.vocab().vocab_size,
-      {site.name: _bound(f'trax_qkv.{site.dispatcher}', 'implementation',
-                         registry.BUILTIN)
-       for site in registry.SITES.values()},
-      **{name: _bound('Transformer', name, defaults[name].default)
-         for name in model_dir.TRANSFORMER_SETTINGS})
+    data.vocab().vocab_size,
+    {
+      site.name: _bound(
+        f'trax_qkv.{site.dispatcher}', 'implementation', registry.BUILTIN
+      )
+      for site in registry.SITES.values()
+    },
+    **{
+      name: _bound('Transformer', name, defaults[name].default)
+      for name in model_dir.TRANSFORMER_SETTINGS
+    },
+  )
   return settings, os.path.join(data.vocab_dir, data.vocab_file)

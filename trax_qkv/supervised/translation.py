@@ -28,16 +28,17 @@ def check_sources_fit(sources, settings, numbers):
   subwords with EOS exceed the model's max_len, before anything is
   decoded: the encoder has no positions for them."""
   longest = settings['max_len']
-  too_long = [(n, len(ids)) for n, ids in zip(numbers, sources)
-              if len(ids) > longest]
+  too_long = [
+    (n, len(ids)) for n, ids in zip(numbers, sources) if len(ids) > longest
+  ]
   if too_long:
-    shown = ', '.join(f'{n} ({length} subwords)'
-                      for n, length in too_long[:5])
+    shown = ', '.join(f'{n} ({length} subwords)' for n, length in too_long[:5])
     more = f' and {len(too_long) - 5} more' if len(too_long) > 5 else ''
     raise ValueError(
-        f'{len(too_long)} sentence(s) are longer than the model takes '
-        f'({longest} subwords with EOS, its max_len): sentence {shown}'
-        f'{more}. Nothing was translated; split or shorten them.')
+      f'{len(too_long)} sentence(s) are longer than the model takes '
+      f'({longest} subwords with EOS, its max_len): sentence {shown}'
+      f'{more}. Nothing was translated; split or shorten them.'
+    )
 
 
 def check_checkpoint(model, model_fn):
@@ -45,18 +46,24 @@ def check_checkpoint(model, model_fn):
   safe to read, whole, and has the weights `model_fn` builds (Trax's
   loader would quietly keep fresh weights where one does not fit)."""
   probe = model_fn(mode='eval')
-  probe.init(shapes.signature((np.zeros((1, 1), np.int32),
-                               np.zeros((1, 1), np.int32))))
+  probe.init(
+    shapes.signature((np.zeros((1, 1), np.int32), np.zeros((1, 1), np.int32)))
+  )
   checkpointing.check_checkpoint_fits(probe, model.path)
 
 
 def translate(model_dir, sentences, **options):
   """One translation per sentence, greedy (n_beams 1) or by beam search;
   `options` as for `translate_ids`."""
-  model = (model_dir if isinstance(model_dir, model_dir_lib.ModelDir)
-           else model_dir_lib.load(model_dir))
-  return [model.vocab.decode(ids) if ids is not None else ''
-          for ids in translate_ids(model, sentences, **options)]
+  model = (
+    model_dir
+    if isinstance(model_dir, model_dir_lib.ModelDir)
+    else model_dir_lib.load(model_dir)
+  )
+  return [
+    model.vocab.decode(ids) if ids is not None else ''
+    for ids in translate_ids(model, sentences, **options)
+  ]
 
 
 def check_attention(attention):
@@ -65,14 +72,23 @@ def check_attention(attention):
   if attention is None:
     return
   if not isinstance(attention, dict):
-    raise TypeError(f'attention must be a dict {{site: implementation}}; '
-                    f'got {attention!r}.')
+    raise TypeError(
+      f'attention must be a dict {{site: implementation}}; got {attention!r}.'
+    )
   for site, name in attention.items():
     registry.resolve_attention(site, name)
 
 
-def translate_ids(model_dir, sentences, n_beams=1, alpha=0.6,
-                  attention=None, batch_size=32, max_length=None, log=None):
+def translate_ids(
+  model_dir,
+  sentences,
+  n_beams=1,
+  alpha=0.6,
+  attention=None,
+  batch_size=32,
+  max_length=None,
+  log=None,
+):
   """One list of token ids (no EOS) per sentence, None for a blank one.
 
   Args:
@@ -86,40 +102,56 @@ def translate_ids(model_dir, sentences, n_beams=1, alpha=0.6,
     log: if given, progress lines go to it (a bar on a terminal).
   """
   if not sentences:
-    raise ValueError('no sentences to translate: give them as arguments or '
-                     'one per line on standard input.')
+    raise ValueError(
+      'no sentences to translate: give them as arguments or '
+      'one per line on standard input.'
+    )
   for name, value in (('n_beams', n_beams), ('batch_size', batch_size)):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f'{name} must be a positive int; got {value!r}.')
-  if not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or (
-      alpha < 0):
+  if (
+    not isinstance(alpha, (int, float))
+    or not math.isfinite(alpha)
+    or (alpha < 0)
+  ):
     raise ValueError(f'alpha must be a finite number >= 0; got {alpha!r}.')
   check_attention(attention)
-  model = (model_dir if isinstance(model_dir, model_dir_lib.ModelDir)
-           else model_dir_lib.load(model_dir))
+  model = (
+    model_dir
+    if isinstance(model_dir, model_dir_lib.ModelDir)
+    else model_dir_lib.load(model_dir)
+  )
   if max_length is not None and not (
-      isinstance(max_length, int)
-      and 1 <= max_length <= longest_output(model.settings)):
+    isinstance(max_length, int)
+    and 1 <= max_length <= longest_output(model.settings)
+  ):
     raise ValueError(
-        f'max_length must be an int from 1 to '
-        f'{longest_output(model.settings)} (the model\'s max_len '
-        f"{model.settings['max_len']}, less one for EOS); got "
-        f'{max_length!r}.')
+      f'max_length must be an int from 1 to '
+      f"{longest_output(model.settings)} (the model's max_len "
+      f'{model.settings["max_len"]}, less one for EOS); got '
+      f'{max_length!r}.'
+    )
   model_fn = model_dir_lib.transformer_fn(model.settings, attention)
   todo = [i for i, s in enumerate(sentences) if s.strip()]
-  sources = decoding.encode_sources(model.vocab,
-                                    [sentences[i] for i in todo])
+  sources = decoding.encode_sources(model.vocab, [sentences[i] for i in todo])
   if not sources:
     return [None] * len(sentences)
   check_sources_fit(sources, model.settings, [i + 1 for i in todo])
   source_length = max(len(s) for s in sources)
-  max_length = max_length or default_max_length(model.settings,
-                                                source_length)
+  max_length = max_length or default_max_length(model.settings, source_length)
   check_checkpoint(model, model_fn)
-  ids = decoding.decode(model_fn, model.checkpoint, sources, n_beams=n_beams,
-                        alpha=alpha, batch_size=batch_size,
-                        max_length=max_length, source_length=source_length,
-                        description='translating', log=log)
+  ids = decoding.decode(
+    model_fn,
+    model.checkpoint,
+    sources,
+    n_beams=n_beams,
+    alpha=alpha,
+    batch_size=batch_size,
+    max_length=max_length,
+    source_length=source_length,
+    description='translating',
+    log=log,
+  )
   out = [None] * len(sentences)
   for i, hypothesis in zip(todo, ids):
     out[i] = hypothesis

@@ -1,1 +1,1 @@
-"""The main job: the built-in and trax_qkv trained side by side, and the report."""
+"""The main job: the built-in and trax_qkv side by side, and its report."""

@@ -13,15 +13,18 @@ from trax_qkv.models.registry import SITES
 
 
 def _pyplot():
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib
+
   matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
+
   return plt
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _charmap(path):
-  from matplotlib import ft2font  # pylint: disable=g-import-not-at-top
+  from matplotlib import ft2font
+
   try:
     return frozenset(ft2font.FT2Font(path).get_charmap())
   except (OSError, RuntimeError, ValueError):
@@ -37,11 +40,17 @@ def font_for(texts):
   matplotlib's Last Resort font is never chosen: it maps every character
   to a placeholder box.
   """
-  from matplotlib import font_manager  # pylint: disable=g-import-not-at-top
+  from matplotlib import font_manager
+
   needed = {ord(c) for text in texts for c in text if not c.isspace()}
   default = font_manager.findfont(font_manager.FontProperties())
-  others = sorted({f.fname for f in font_manager.fontManager.ttflist
-                   if 'LastResort' not in f.fname})
+  others = sorted(
+    {
+      f.fname
+      for f in font_manager.fontManager.ttflist
+      if 'LastResort' not in f.fname
+    }
+  )
   for path in [default] + others:
     if needed <= _charmap(path):
       return path
@@ -60,8 +69,9 @@ def plot_loss_curves(histories, path):
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(7, 4))
   for (label, losses), style in zip(histories.items(), ('-', '--', ':', '-.')):
-    ax.plot(np.arange(1, len(losses) + 1), losses, style, label=label,
-            linewidth=1)
+    ax.plot(
+      np.arange(1, len(losses) + 1), losses, style, label=label, linewidth=1
+    )
   ax.set_xlabel('step')
   ax.set_ylabel('training loss (cross-entropy)')
   ax.set_yscale('log')
@@ -78,26 +88,36 @@ def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
   the axes in a font that has their glyphs. Where no installed font has
   them, the axes show token indices and the title says so.
   """
-  from matplotlib.font_manager import FontProperties  # pylint: disable=g-import-not-at-top
+  from matplotlib.font_manager import FontProperties
+
   plt = _pyplot()
   font = font_for(list(source_tokens) + list(target_tokens) + [title])
   if font is None:
     source_tokens = [str(i) for i in range(len(source_tokens))]
     target_tokens = [str(i) for i in range(len(target_tokens))]
-    title = ('token indices: no installed font has the glyphs of this text')
+    title = 'token indices: no installed font has the glyphs of this text'
   properties = FontProperties(fname=font) if font else FontProperties()
   n_layers, n_heads = len(weights), weights[0].shape[0]
-  fig, axes = plt.subplots(n_layers, n_heads, squeeze=False,
-                           figsize=(2.6 * n_heads + 1, 2.4 * n_layers + 1))
+  fig, axes = plt.subplots(
+    n_layers,
+    n_heads,
+    squeeze=False,
+    figsize=(2.6 * n_heads + 1, 2.4 * n_layers + 1),
+  )
   for li, layer_weights in enumerate(weights):
     for h in range(n_heads):
       ax = axes[li][h]
-      ax.imshow(layer_weights[h][:len(target_tokens), :len(source_tokens)],
-                cmap='viridis', vmin=0, aspect='auto')
+      ax.imshow(
+        layer_weights[h][: len(target_tokens), : len(source_tokens)],
+        cmap='viridis',
+        vmin=0,
+        aspect='auto',
+      )
       ax.set_title(f'layer {li + 1} head {h + 1}', fontsize=8)
       ax.set_xticks(range(len(source_tokens)))
-      ax.set_xticklabels(source_tokens, rotation=90, fontsize=6,
-                         fontproperties=properties)
+      ax.set_xticklabels(
+        source_tokens, rotation=90, fontsize=6, fontproperties=properties
+      )
       ax.set_yticks(range(len(target_tokens)))
       ax.set_yticklabels(target_tokens, fontsize=6, fontproperties=properties)
   fig.suptitle(title, fontsize=9, fontproperties=properties)
@@ -108,54 +128,91 @@ def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
 
 def render_report(summary, labels):
   """report.md: one column per implementation (its name as label)."""
-  rows = [('BLEU (sacreBLEU, cased)', 'bleu', '{:.2f}'),
-          ('BLEU (lowercased)', 'bleu_lowercase', '{:.2f}'),
-          ('chrF (sacreBLEU)', 'chrf', '{:.2f}'),
-          ('exact match, greedy', 'exact_match', '{:.2%}'),
-          ('BLEU lowercased, beam search (first N sentences)',
-           'beam_bleu_lowercase', '{:.2f}'),
-          ('exact match, beam search (first N sentences)',
-           'beam_exact_match', '{:.2%}'),
-          ('beam search: N sentences', 'beam_sentences', '{}'),
-          ('final training loss', 'final_loss', '{:.6f}'),
-          ('eval loss', 'eval_loss', '{:.4f}'),
-          ('eval token accuracy', 'eval_accuracy', '{:.4f}'),
-          ('training time (s)', 'train_seconds', '{:.1f}'),
-          ('greedy decoding time (s)', 'decode_seconds', '{:.1f}'),
-          ('beam search time (s)', 'beam_seconds', '{:.1f}')]
+  rows = [
+    ('BLEU (sacreBLEU, cased)', 'bleu', '{:.2f}'),
+    ('BLEU (lowercased)', 'bleu_lowercase', '{:.2f}'),
+    ('chrF (sacreBLEU)', 'chrf', '{:.2f}'),
+    ('exact match, greedy', 'exact_match', '{:.2%}'),
+    (
+      'BLEU lowercased, beam search (first N sentences)',
+      'beam_bleu_lowercase',
+      '{:.2f}',
+    ),
+    (
+      'exact match, beam search (first N sentences)',
+      'beam_exact_match',
+      '{:.2%}',
+    ),
+    ('beam search: N sentences', 'beam_sentences', '{}'),
+    ('final training loss', 'final_loss', '{:.6f}'),
+    ('eval loss', 'eval_loss', '{:.4f}'),
+    ('eval token accuracy', 'eval_accuracy', '{:.4f}'),
+    ('training time (s)', 'train_seconds', '{:.1f}'),
+    ('greedy decoding time (s)', 'decode_seconds', '{:.1f}'),
+    ('beam search time (s)', 'beam_seconds', '{:.1f}'),
+  ]
   c = summary['config']
   lines = [
-      f"# trax_qkv validation: {' vs '.join(labels)}", '',
-      f"Data set `{summary['dataset']}` ({' -> '.join(summary['keys'])}), "
-      f"{summary['test_sentences']} test sentences, a shared vocabulary of "
-      f"{summary['vocab_size']} subwords ({c['vocab_size']} requested). "
-      f"Transformer "
-      f"{c['n_layers']}+{c['n_layers']} layers, d_model {c['d_model']}, "
-      f"d_ff {c['d_ff']}, {c['n_heads']} heads, dropout {c['dropout']}; "
-      f"{summary['steps']} steps of batch {c['batch_size']}, Adam "
-      f"{c['learning_rate']} with {c['warmup_steps']} warm-up steps, seed "
-      f"{summary['seed']}. All models see the same batches in the same "
-      'order and start from the same weights.', '',
-      '| metric | ' + ' | '.join(labels) + ' |',
-      '|---|' + '---|' * len(labels)]
+    f'# trax_qkv validation: {" vs ".join(labels)}',
+    '',
+    f'Data set `{summary["dataset"]}` ({" -> ".join(summary["keys"])}), '
+    f'{summary["test_sentences"]} test sentences, a shared vocabulary of '
+    f'{summary["vocab_size"]} subwords ({c["vocab_size"]} requested). '
+    f'Transformer '
+    f'{c["n_layers"]}+{c["n_layers"]} layers, d_model {c["d_model"]}, '
+    f'd_ff {c["d_ff"]}, {c["n_heads"]} heads, dropout {c["dropout"]}; '
+    f'{summary["steps"]} steps of batch {c["batch_size"]}, Adam '
+    f'{c["learning_rate"]} with {c["warmup_steps"]} warm-up steps, seed '
+    f'{summary["seed"]}. All models see the same batches in the same '
+    'order and start from the same weights.',
+    '',
+    '| metric | ' + ' | '.join(labels) + ' |',
+    '|---|' + '---|' * len(labels),
+  ]
   # Which layer ran in each site (summaries before 0.3 lack it).
-  cells = [' / '.join(summary[l].get('attention', {}).get(site, '?')
-                      for site in SITES) for l in labels]
-  lines.append('| attention: encoder self / decoder causal / cross | '
-               + ' | '.join(cells) + ' |')
+  cells = [
+    ' / '.join(
+      summary[label].get('attention', {}).get(site, '?') for site in SITES
+    )
+    for label in labels
+  ]
+  lines.append(
+    '| attention: encoder self / decoder causal / cross | '
+    + ' | '.join(cells)
+    + ' |'
+  )
   for title, key, fmt in rows:
-    cells = [fmt.format(summary[l][key]) if summary[l].get(key) is not None
-             else 'n/a' for l in labels]
+    cells = [
+      fmt.format(summary[label][key])
+      if summary[label].get(key) is not None
+      else 'n/a'
+      for label in labels
+    ]
     lines.append(f'| {title} | ' + ' | '.join(cells) + ' |')
   first = summary[labels[0]]
-  lines += ['', 'sacreBLEU signatures: BLEU `' + first['bleu_signature'] +
-            '`, lowercased `' + first['bleu_lowercase_signature'] +
-            '`, chrF `' + first['chrf_signature'] + '`.']
+  lines += [
+    '',
+    'sacreBLEU signatures: BLEU `'
+    + first['bleu_signature']
+    + '`, lowercased `'
+    + first['bleu_lowercase_signature']
+    + '`, chrF `'
+    + first['chrf_signature']
+    + '`.',
+  ]
   if 'max_loss_diff' in summary:
-    lines += ['', f"Max |difference| between the per-step training losses: "
-              f"**{summary['max_loss_diff']:.3g}**; test sentences decoded "
-              f"identically: **{summary['identical_decodes']:.2%}**."]
-  lines += ['', '![loss curves](loss_curves.png)', '',
-            'Cross-attention per head (`cross_attention_*.png`): each head '
-            'has its own query/key projection and so its own alignment.', '']
+    lines += [
+      '',
+      f'Max |difference| between the per-step training losses: '
+      f'**{summary["max_loss_diff"]:.3g}**; test sentences decoded '
+      f'identically: **{summary["identical_decodes"]:.2%}**.',
+    ]
+  lines += [
+    '',
+    '![loss curves](loss_curves.png)',
+    '',
+    'Cross-attention per head (`cross_attention_*.png`): each head '
+    'has its own query/key projection and so its own alignment.',
+    '',
+  ]
   return '\n'.join(lines)

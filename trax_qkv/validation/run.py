@@ -56,8 +56,9 @@ class RecordingLoop(checkpointing.ResumableLoop):
     loss, stats = super()._run_one_step(task_index, task_changed)
     self.history.append('train', STEP_LOSS, self.step, float(loss))
     now = time.time()
-    self.history.append('train', STEP_SECONDS, self.step,
-                        now - self._last_step_end)
+    self.history.append(
+      'train', STEP_SECONDS, self.step, now - self._last_step_end
+    )
     self._last_step_end = now
     return loss, stats
 
@@ -77,15 +78,21 @@ def model_settings(config, vocab_size, implementation):
   """model.json's settings of the model that runs `implementation` in
   `config.sites` and Trax's layers elsewhere."""
   return model_dir.model_settings(
-      vocab_size, {site: implementation for site in config.sites},
-      d_model=config.d_model, d_ff=config.d_ff,
-      n_encoder_layers=config.n_layers, n_decoder_layers=config.n_layers,
-      n_heads=config.n_heads, max_len=max(2 * config.max_length, 64),
-      dropout=config.dropout)
+    vocab_size,
+    {site: implementation for site in config.sites},
+    d_model=config.d_model,
+    d_ff=config.d_ff,
+    n_encoder_layers=config.n_layers,
+    n_decoder_layers=config.n_layers,
+    n_heads=config.n_heads,
+    max_len=max(2 * config.max_length, 64),
+    dropout=config.dropout,
+  )
 
 
-def train_one(config, model_fn, train_batches, eval_batches, output_dir,
-              log=print):
+def train_one(
+  config, model_fn, train_batches, eval_batches, output_dir, log=print
+):
   """Trains from `config.seed`, or resumes; returns (loop, seconds of
   training over every run that made the checkpoint).
 
@@ -95,89 +102,124 @@ def train_one(config, model_fn, train_batches, eval_batches, output_dir,
   # With rsqrt_decay, multifactor divides by sqrt(max(step, warmup)); scale
   # the constant so that `learning_rate` is the peak rate either way.
   peak = config.learning_rate * (
-      np.sqrt(config.warmup_steps) if 'rsqrt_decay' in config.lr_factors
-      else 1.0)
+    np.sqrt(config.warmup_steps) if 'rsqrt_decay' in config.lr_factors else 1.0
+  )
   schedule = lr_schedules.multifactor(
-      constant=peak, factors=config.lr_factors,
-      warmup_steps=config.warmup_steps)
+    constant=peak, factors=config.lr_factors, warmup_steps=config.warmup_steps
+  )
   checkpointing.finish_interrupted_save(output_dir)
   done = checkpointing.checkpoint_step(output_dir)
-  task = training.TrainTask(itertools.islice(itertools.cycle(train_batches),
-                                             done + 1, None),
-                            tl.WeightedCategoryCrossEntropy(
-                                label_smoothing=config.label_smoothing or None),
-                            trax.optimizers.Adam(config.learning_rate),
-                            lr_schedule=schedule,
-                            sample_batch=train_batches[0])
+  task = training.TrainTask(
+    itertools.islice(itertools.cycle(train_batches), done + 1, None),
+    tl.WeightedCategoryCrossEntropy(
+      label_smoothing=config.label_smoothing or None
+    ),
+    trax.optimizers.Adam(config.learning_rate),
+    lr_schedule=schedule,
+    sample_batch=train_batches[0],
+  )
   eval_task = training.EvalTask(
-      itertools.cycle(eval_batches),
-      [tl.WeightedCategoryCrossEntropy(), tl.WeightedCategoryAccuracy()],
-      n_eval_batches=len(eval_batches))
+    itertools.cycle(eval_batches),
+    [tl.WeightedCategoryCrossEntropy(), tl.WeightedCategoryAccuracy()],
+    n_eval_batches=len(eval_batches),
+  )
   loop = RecordingLoop(
-      model_fn(mode='train'), task, eval_model=model_fn(mode='eval'),
-      eval_tasks=[eval_task], output_dir=output_dir,
-      random_seed=config.seed,
-      eval_at=lambda step: step % config.eval_every == 0 or step == 1,
-      checkpoint_at=lambda step: (step % config.eval_every == 0
-                                  or step == config.steps))
+    model_fn(mode='train'),
+    task,
+    eval_model=model_fn(mode='eval'),
+    eval_tasks=[eval_task],
+    output_dir=output_dir,
+    random_seed=config.seed,
+    eval_at=lambda step: step % config.eval_every == 0 or step == 1,
+    checkpoint_at=lambda step: (
+      step % config.eval_every == 0 or step == config.steps
+    ),
+  )
   loop.progress_log = log
   start = time.time()
   loop.run(config.steps - loop.step)
   total = loop.train_seconds
-  log(f'trained steps {done + 1}-{config.steps} in {time.time() - start:.1f}'
-      ' s (' + (f'{total:.1f} s in all' if total is not None else
-                'earlier runs did not record step times') +
-      f'), final loss {loop.step_losses[-1]:.4f}')
+  log(
+    f'trained steps {done + 1}-{config.steps} in {time.time() - start:.1f}'
+    ' s ('
+    + (
+      f'{total:.1f} s in all'
+      if total is not None
+      else 'earlier runs did not record step times'
+    )
+    + f'), final loss {loop.step_losses[-1]:.4f}'
+  )
   return loop, loop.train_seconds
 
 
 # What every model of a run trains on and is tested with.
 Corpus = collections.namedtuple(
-    'Corpus', 'data vocab train_batches eval_batches sources references '
-    'source_ids source_length decode_length')
+  'Corpus',
+  'data vocab train_batches eval_batches sources references '
+  'source_ids source_length decode_length',
+)
 
 
 def prepare_corpus(config, data, log=print):
   """The batches and test sentences shared by every model of the run."""
   vocab = data.vocab()
-  log(f'vocabulary: {vocab.vocab_size} subwords ({config.vocab_size} '
-      'requested)')
+  log(
+    f'vocabulary: {vocab.vocab_size} subwords ({config.vocab_size} requested)'
+  )
   if vocab.vocab_size > 1.1 * config.vocab_size:
-    log(f'note: the subword builder cannot make a vocabulary smaller than '
-        f'the characters of the training text need; --vocab_size '
-        f'{config.vocab_size} became {vocab.vocab_size} subwords.')
-  inputs = data_lib.TranslationInputs(data, max_length=config.max_length,
-                                      batch_size=config.batch_size,
-                                      seed=config.seed)
+    log(
+      f'note: the subword builder cannot make a vocabulary smaller than '
+      f'the characters of the training text need; --vocab_size '
+      f'{config.vocab_size} became {vocab.vocab_size} subwords.'
+    )
+  inputs = data_lib.TranslationInputs(
+    data,
+    max_length=config.max_length,
+    batch_size=config.batch_size,
+    seed=config.seed,
+  )
   training_lib.reset_data_counters()
   train_batches = list(itertools.islice(inputs.train_stream(1), config.steps))
   eval_batches = list(itertools.islice(inputs.eval_stream(1), 4))
   test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
   if config.max_test_sentences:
-    test = test[:config.max_test_sentences]
+    test = test[: config.max_test_sentences]
   references = [t for _, t in test]
   source_ids = decoding.encode_sources(vocab, [s for s, _ in test])
   return Corpus(
-      data, vocab, train_batches, eval_batches, [s for s, _ in test],
-      references, source_ids, max(len(s) for s in source_ids),
-      max(len(vocab.encode(t)) for t in references) + 8)
+    data,
+    vocab,
+    train_batches,
+    eval_batches,
+    [s for s, _ in test],
+    references,
+    source_ids,
+    max(len(s) for s in source_ids),
+    max(len(vocab.encode(t)) for t in references) + 8,
+  )
 
 
-def decode_test(config, model_fn, checkpoint, corpus, n_sentences, n_beams,
-                log=print):
+def decode_test(
+  config, model_fn, checkpoint, corpus, n_sentences, n_beams, log=print
+):
   """(hypotheses, seconds) of the first `n_sentences` test sentences."""
-  batch = decoding.sentences_per_batch(config.decode_batch_size, n_beams,
-                                       n_sentences)
+  batch = decoding.sentences_per_batch(
+    config.decode_batch_size, n_beams, n_sentences
+  )
   how = 'greedy' if n_beams == 1 else f'beam search, {n_beams} beams'
-  log(f'decoding {n_sentences} test sentences ({how}, {batch} at a time)'
-      ' ...')
+  log(f'decoding {n_sentences} test sentences ({how}, {batch} at a time) ...')
   start = time.time()
   ids = decoding.decode(
-      model_fn, checkpoint, corpus.source_ids[:n_sentences], n_beams=n_beams,
-      batch_size=config.decode_batch_size, max_length=corpus.decode_length,
-      source_length=corpus.source_length,
-      description='greedy decoding' if n_beams == 1 else 'beam search',
-      log=log)
+    model_fn,
+    checkpoint,
+    corpus.source_ids[:n_sentences],
+    n_beams=n_beams,
+    batch_size=config.decode_batch_size,
+    max_length=corpus.decode_length,
+    source_length=corpus.source_length,
+    description='greedy decoding' if n_beams == 1 else 'beam search',
+    log=log,
+  )
   return [corpus.vocab.decode(h) for h in ids], time.time() - start
 
 
@@ -188,15 +230,22 @@ def beam_search_scores(config, model_fn, checkpoint, corpus, log=print):
   the beams' sacreBLEU / exact-match scores, 'sentences', 'seconds' and
   the 'hypotheses' themselves.
   """
-  n = len(corpus.source_ids) if config.beam_sentences is None else min(
-      config.beam_sentences, len(corpus.source_ids))
+  n = (
+    len(corpus.source_ids)
+    if config.beam_sentences is None
+    else min(config.beam_sentences, len(corpus.source_ids))
+  )
   if n == 0:
     return {}
-  hypotheses, seconds = decode_test(config, model_fn, checkpoint, corpus, n,
-                                    config.n_beams, log)
-  return dict(scoring.scores(hypotheses, corpus.references[:n],
-                             config.bleu_tokenize), sentences=n,
-              seconds=seconds, hypotheses=hypotheses)
+  hypotheses, seconds = decode_test(
+    config, model_fn, checkpoint, corpus, n, config.n_beams, log
+  )
+  return dict(
+    scoring.scores(hypotheses, corpus.references[:n], config.bleu_tokenize),
+    sentences=n,
+    seconds=seconds,
+    hypotheses=hypotheses,
+  )
 
 
 def _eval_metric(loop, name):
@@ -223,8 +272,12 @@ def run_validation(config, output_dir, log=print):
   config_lib.check_same_run(config, output_dir)
   log(f'preparing data {config.source_dir or config.dataset} ...')
   data = data_lib.prepare_translation_data(
-      config.dataset, config.keys, config.source_dir, config.data_dir,
-      config.vocab_size)
+    config.dataset,
+    config.keys,
+    config.source_dir,
+    config.data_dir,
+    config.vocab_size,
+  )
   with locking.hold_output_dir(output_dir):
     config_lib.check_same_run(config, output_dir)
     for name in config.implementations:
@@ -232,14 +285,19 @@ def run_validation(config, output_dir, log=print):
     config_lib.write_run_config(config, output_dir)
     corpus = prepare_corpus(config, data, log)
     # Attention maps of the bit-identical layers, else of the first model.
-    mapped = ('reference' if 'reference' in config.implementations
-              else config.implementations[0])
+    mapped = (
+      'reference'
+      if 'reference' in config.implementations
+      else config.implementations[0]
+    )
     results, histories, decodes = {}, {}, {}
     for name in config.implementations:
       results[name], histories[name], decodes[name] = run_one(
-          config, name, corpus, output_dir, name == mapped, log)
-    return write_summary(config, corpus, results, histories, decodes,
-                         output_dir)
+        config, name, corpus, output_dir, name == mapped, log
+      )
+    return write_summary(
+      config, corpus, results, histories, decodes, output_dir
+    )
 
 
 def run_one(config, name, corpus, output_dir, draw_maps, log=print):
@@ -247,40 +305,59 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
   its decodes (and attention maps if `draw_maps`). Returns (its results,
   its per-step training losses, its greedy hypotheses)."""
   settings = model_settings(config, corpus.vocab.vocab_size, name)
-  log(f'== {name}: ' + ', '.join(
+  log(
+    f'== {name}: '
+    + ', '.join(
       f'{site} {implementation!r}'
-      for site, implementation in settings[model_dir.ATTENTION].items()))
+      for site, implementation in settings[model_dir.ATTENTION].items()
+    )
+  )
   model_fn = model_dir.transformer_fn(settings)
   run_dir = os.path.join(output_dir, name)
-  model_dir.save(run_dir, settings, os.path.join(corpus.data.vocab_dir,
-                                                 corpus.data.vocab_file))
-  loop, seconds = train_one(config, model_fn, corpus.train_batches,
-                            corpus.eval_batches, run_dir, log)
+  model_dir.save(
+    run_dir,
+    settings,
+    os.path.join(corpus.data.vocab_dir, corpus.data.vocab_file),
+  )
+  loop, seconds = train_one(
+    config, model_fn, corpus.train_batches, corpus.eval_batches, run_dir, log
+  )
   checkpoint = os.path.join(run_dir, model_dir.CHECKPOINT)
   hypotheses, decode_seconds = decode_test(
-      config, model_fn, checkpoint, corpus, len(corpus.source_ids), 1, log)
+    config, model_fn, checkpoint, corpus, len(corpus.source_ids), 1, log
+  )
   beam = beam_search_scores(config, model_fn, checkpoint, corpus, log)
   results = dict(
-      scoring.scores(hypotheses, corpus.references, config.bleu_tokenize),
-      **{f'beam_{k}': v for k, v in beam.items() if k != 'hypotheses'},
-      final_loss=loop.step_losses[-1],
-      eval_loss=_eval_metric(loop, 'WeightedCategoryCrossEntropy'),
-      eval_accuracy=_eval_metric(loop, 'WeightedCategoryAccuracy'),
-      train_seconds=seconds, decode_seconds=decode_seconds,
-      attention=settings[model_dir.ATTENTION])
-  log(f'{name}: ' + ', '.join(f'{k} {v:.4g}' for k, v in results.items()
-                               if isinstance(v, float)))
+    scoring.scores(hypotheses, corpus.references, config.bleu_tokenize),
+    **{f'beam_{k}': v for k, v in beam.items() if k != 'hypotheses'},
+    final_loss=loop.step_losses[-1],
+    eval_loss=_eval_metric(loop, 'WeightedCategoryCrossEntropy'),
+    eval_accuracy=_eval_metric(loop, 'WeightedCategoryAccuracy'),
+    train_seconds=seconds,
+    decode_seconds=decode_seconds,
+    attention=settings[model_dir.ATTENTION],
+  )
+  log(
+    f'{name}: '
+    + ', '.join(
+      f'{k} {v:.4g}' for k, v in results.items() if isinstance(v, float)
+    )
+  )
   _write_lines(os.path.join(output_dir, f'decodes_{name}.txt'), hypotheses)
-  _write_lines(os.path.join(output_dir, f'decodes_beam_{name}.txt'),
-               beam.get('hypotheses', []))
+  _write_lines(
+    os.path.join(output_dir, f'decodes_beam_{name}.txt'),
+    beam.get('hypotheses', []),
+  )
   if draw_maps:
-    draw_attention_maps(config, name, model_fn, checkpoint, corpus,
-                        hypotheses, output_dir)
+    draw_attention_maps(
+      config, name, model_fn, checkpoint, corpus, hypotheses, output_dir
+    )
   return results, loop.step_losses, hypotheses
 
 
-def draw_attention_maps(config, name, model_fn, checkpoint, corpus,
-                        hypotheses, output_dir):
+def draw_attention_maps(
+  config, name, model_fn, checkpoint, corpus, hypotheses, output_dir
+):
   """cross_attention_{i}.png of the first `config.heatmap_sentences` test
   sentences, teacher-forcing the model's own greedy translations."""
   n = min(config.heatmap_sentences, len(corpus.source_ids))
@@ -289,14 +366,16 @@ def draw_attention_maps(config, name, model_fn, checkpoint, corpus,
   vocab = corpus.vocab
   targets = [vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
   layers = attention_maps.cross_attention_weights(
-      model_fn, checkpoint, corpus.source_ids[:n], targets, config.n_layers)
+    model_fn, checkpoint, corpus.source_ids[:n], targets, config.n_layers
+  )
   for i in range(n):
     report.plot_heatmaps(
-        [w[i] for w in layers],
-        attention_maps.token_pieces(vocab, corpus.source_ids[i]),
-        attention_maps.token_pieces(vocab, targets[i]),
-        os.path.join(output_dir, f'cross_attention_{i}.png'),
-        f'{name}: "{corpus.sources[i]}" -> "{hypotheses[i]}"')
+      [w[i] for w in layers],
+      attention_maps.token_pieces(vocab, corpus.source_ids[i]),
+      attention_maps.token_pieces(vocab, targets[i]),
+      os.path.join(output_dir, f'cross_attention_{i}.png'),
+      f'{name}: "{corpus.sources[i]}" -> "{hypotheses[i]}"',
+    )
 
 
 def write_summary(config, corpus, results, histories, decodes, output_dir):
@@ -305,20 +384,30 @@ def write_summary(config, corpus, results, histories, decodes, output_dir):
   difference and share of identical greedy decodes."""
   names = list(histories)
   summary = dict(
-      dataset=corpus.data.name, keys=list(corpus.data.keys),
-      vocab_size=corpus.vocab.vocab_size, steps=config.steps,
-      seed=config.seed, test_sentences=len(corpus.references),
-      config=dataclasses.asdict(config), **results)
+    dataset=corpus.data.name,
+    keys=list(corpus.data.keys),
+    vocab_size=corpus.vocab.vocab_size,
+    steps=config.steps,
+    seed=config.seed,
+    test_sentences=len(corpus.references),
+    config=dataclasses.asdict(config),
+    **results,
+  )
   if len(names) >= 2:
     a, b = names[:2]
-    summary['max_loss_diff'] = float(np.max(np.abs(
-        np.asarray(histories[a]) - np.asarray(histories[b]))))
-    summary['identical_decodes'] = float(np.mean(
-        [x == y for x, y in zip(decodes[a], decodes[b])]))
-  report.plot_loss_curves(histories,
-                          os.path.join(output_dir, 'loss_curves.png'))
-  files.write_json(os.path.join(output_dir, 'summary.json'), summary,
-                   default=str)
-  files.write_text(os.path.join(output_dir, 'report.md'),
-                   report.render_report(summary, names))
+    summary['max_loss_diff'] = float(
+      np.max(np.abs(np.asarray(histories[a]) - np.asarray(histories[b])))
+    )
+    summary['identical_decodes'] = float(
+      np.mean([x == y for x, y in zip(decodes[a], decodes[b])])
+    )
+  report.plot_loss_curves(
+    histories, os.path.join(output_dir, 'loss_curves.png')
+  )
+  files.write_json(
+    os.path.join(output_dir, 'summary.json'), summary, default=str
+  )
+  files.write_text(
+    os.path.join(output_dir, 'report.md'), report.render_report(summary, names)
+  )
   return summary
