@@ -44,10 +44,24 @@ def check_supported(dtype=None, dropout_rate=0.0):
 
 def cudnn_attention(q, k, v, mask, n_heads, dropout_rate=0.0, dropout_rng=None):
   """Multi-head attention through `jax.nn.dot_product_attention(...,
-  implementation='cudnn')`; float32 (batch, Lq, d_v)."""
+  implementation='cudnn')`.
+
+  Args:
+    q, k, v: (b, Lq, d), (b, Lk, d), (b, Lk, d_v); bfloat16 or float16.
+    mask: None, or broadcastable to (b, 1, Lq, Lk); nonzero = attend.
+    n_heads: heads; divides d and d_v.
+    dropout_rate: must be 0 (the kernel has no dropout).
+    dropout_rng: unused.
+
+  Returns:
+    float32 (b, Lq, d_v).
+
+  Raises:
+    ValueError: where the kernel cannot run (`unsupported_reason`).
+  """
   del dropout_rng
   check_supported(q.dtype, dropout_rate)
-  qh, kh, vh = (common.heads(x, n_heads) for x in (q, k, v))
+  qh, kh, vh = (common.heads_last(x, n_heads) for x in (q, k, v))
   if mask is not None:
     mask = jnp.broadcast_to(
       mask.astype(bool), (q.shape[0], 1, q.shape[1], k.shape[1])
@@ -59,8 +73,15 @@ def cudnn_attention(q, k, v, mask, n_heads, dropout_rate=0.0, dropout_rng=None):
 
 
 def cudnn_causal_attention(q, k, v, dropout_rate=0.0, dropout_rng=None):
-  """Causal attention of per-head (rows, L, d_head) inputs through cuDNN's
-  causal flag (no mask array); float32 (rows, L, d_v)."""
+  """Causal attention through cuDNN's causal flag (no mask array).
+
+  Args:
+    q, k, v: per-head (g, L, d_head), (g, L, d_head), (g, L, d_v).
+    dropout_rate: must be 0; dropout_rng: unused.
+
+  Returns:
+    float32 (g, L, d_v).
+  """
   del dropout_rng
   check_supported(q.dtype, dropout_rate)
   out = jax.nn.dot_product_attention(

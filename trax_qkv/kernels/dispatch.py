@@ -248,8 +248,16 @@ def choose(call):
 def resolve(implementation, call):
   """The kernel that runs `call` when `implementation` is asked for.
 
-  'auto' is chosen for the call; a kernel that cannot run here raises
-  ValueError (`check_supported`); any other runs as asked.
+  Args:
+    implementation: a name of `names()`.
+    call: the `Call` to run.
+
+  Returns:
+    The `Kernel`: for 'auto' the one `choose` picks, else the one named.
+
+  Raises:
+    ValueError: an unknown name, or a kernel that cannot run here
+      (`check_supported`).
   """
   if implementation == AUTO:
     return KERNELS[choose(call)]

@@ -68,11 +68,18 @@ def attention_dropout(weights, rate, rng):
 
 
 def per_head_attention(q, k, v, mask, dropout_rate=0.0, dropout_rng=None):
-  """Attention of per-head arrays: (..., Lq, d_head) q, (..., Lk, d_head) k,
-  (..., Lk, d_v) v, mask broadcastable to (..., Lq, Lk).
+  """Trax's `_per_head_attention`, operation for operation.
 
-  Trax's `_per_head_attention`, operation for operation. Returns float32
-  (activations, weights after dropout).
+  Args:
+    q: (..., Lq, d_head) queries; k: (..., Lk, d_head) keys; v: (..., Lk,
+      d_v) values.
+    mask: None, or broadcastable to (..., Lq, Lk); nonzero = attend.
+    dropout_rate: attention-weight dropout in [0, 1).
+    dropout_rng: JAX PRNG key, needed when dropout_rate > 0.
+
+  Returns:
+    float32 (activations (..., Lq, d_v), weights after dropout (..., Lq,
+    Lk)).
   """
   weights = attention_weights(q, k, mask)
   if dropout_rate > 0.0:

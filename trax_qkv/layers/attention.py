@@ -285,9 +285,18 @@ def Attention(
 
   `trax.layers.Attention` (the encoder self-attention of Trax's
   Transformers) is `AttentionQKV` with Q, K and V all read from x; so is
-  this, with our `AttentionQKV`. Same arguments as the built-in plus
-  `implementation` (see PureAttention); x is (batch, L, d_feature), mask
-  (batch, 1, 1, L).
+  this, with our `AttentionQKV`; x is (batch, L, d_feature), mask (batch,
+  1, 1, L).
+
+  Args:
+    d_feature: feature size of x, Q, K, V and the output.
+    n_heads: number of attention heads; must divide d_feature.
+    dropout: attention-weight dropout rate in [0, 1), 'train' mode only.
+    mode: one of 'train', 'eval', 'predict', 'viz'.
+    implementation: a kernel name or 'auto' (see `PureAttention`).
+
+  Returns:
+    A layer with the built-in's tree and weights.
   """
   layer = cb.Serial(
     cb.Select([0, 0, 0]),

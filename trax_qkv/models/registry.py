@@ -162,7 +162,20 @@ def canonical_name(implementation):
 
 
 def resolve_attention(site, implementation):
-  """A registered name, a kernel name or a layer factory -> the factory."""
+  """The layer factory `implementation` stands for in `site`.
+
+  Args:
+    site: a name of SITES.
+    implementation: a registered name ('trax', ...), a kernel name or
+      'auto' (trax_qkv's layer of the site with that implementation), or a
+      layer factory (returned as it is).
+
+  Returns:
+    A callable taking the arguments of the site's `trax.layers` layer.
+
+  Raises:
+    ValueError: an unknown site or name.
+  """
   check_site(site)
   if callable(implementation):
     return implementation
