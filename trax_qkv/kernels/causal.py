@@ -59,14 +59,12 @@ class _Blocks:
     return step // self.n_blocks * self.tile_rows, step % self.n_blocks
 
   def read(self, x, row, block):
-    return jax.lax.dynamic_slice(
-      x, (row, block * self.block, 0), (self.tile_rows, self.block, x.shape[-1])
+    return common.read_tile(
+      x, (row, block * self.block), (self.tile_rows, self.block)
     )
 
   def write(self, x, values, row, block):
-    return jax.lax.dynamic_update_slice(
-      x, values.astype(x.dtype), (row, block * self.block, 0)
-    )
+    return common.write_tile(x, values, (row, block * self.block))
 
   def logits(self, q_block, k_block, i, j):
     """Masked only on the diagonal: every key of an earlier block is
@@ -253,8 +251,9 @@ def cached_attention(q, ks, vs, index, block_size=DEFAULT_BLOCK_SIZE):
   positions = index + jnp.arange(new)[:, None]  # (new, 1)
 
   def one_block(j, carry):
-    k_block = jax.lax.dynamic_slice_in_dim(ks, j * block, block, 1)
-    v_block = jax.lax.dynamic_slice_in_dim(vs, j * block, block, 1)
+    k_block, v_block = (
+      common.read_tile(x, (0, j * block), (rows, block)) for x in (ks, vs)
+    )
     logits = jnp.einsum(
       'gqd,gkd->gqk', q, k_block, preferred_element_type=jnp.float32
     )

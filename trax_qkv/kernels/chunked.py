@@ -100,7 +100,7 @@ class _ChunkConfig:
   def source_blocks(self, sources, index):
     """Block `index` of the K and V sources (the inputs of `project_kv`)."""
     return tuple(
-      jax.lax.dynamic_slice_in_dim(x, index * self.block, self.block, 1)
+      common.read_tile(x, (0, index * self.block), (x.shape[0], self.block))
       for x in sources
     )
 
@@ -111,11 +111,10 @@ class _ChunkConfig:
       'bhqd,bkhd->bhqk', qh, common.heads_last(k_block, self.n_heads)
     )
     logits = logits.astype(jnp.promote_types(qh.dtype, jnp.float32))
-    logits = jnp.where(
-      jax.lax.dynamic_slice_in_dim(mask, start, self.block, 3),
-      logits,
-      MASK_FILL,
+    mask = common.read_tile(
+      mask, (0, 0, 0, start), mask.shape[:3] + (self.block,)
     )
+    logits = jnp.where(mask, logits, MASK_FILL)
     valid = start + jnp.arange(self.block) < self.lk
     return jnp.where(valid, logits, common.NEG_INF)
 
@@ -214,9 +213,7 @@ def _chunked_backward(config, residuals, d_out):
       )
     )
     d_sources = tuple(
-      jax.lax.dynamic_update_slice_in_dim(
-        d, d_block.astype(d.dtype), index * config.block, 1
-      )
+      common.write_tile(d, d_block, (0, index * config.block))
       for d, d_block in zip(d_sources, d_blocks)
     )
     d_params = jax.tree_util.tree_map(jnp.add, d_params, d_params_block)

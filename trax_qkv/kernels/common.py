@@ -30,6 +30,30 @@ def heads_last(x, n_heads):
   return x.reshape((batch, length, n_heads, d // n_heads))
 
 
+def read_tile(x, start, size):
+  """The tile of `x` at `start` of `size`, over x's leading axes (the other
+  axes whole): what a loop step of a blockwise kernel reads.
+
+  Args:
+    x: an array.
+    start: first index per leading axis (ints or traced scalars).
+    size: tile length per leading axis (ints).
+  """
+  rest = x.ndim - len(start)
+  return jax.lax.dynamic_slice(
+    x, tuple(start) + (0,) * rest, tuple(size) + x.shape[len(size) :]
+  )
+
+
+def write_tile(x, tile, start):
+  """x with `tile` (cast to x's dtype) written at `start` over its leading
+  axes: what a loop step writes."""
+  rest = x.ndim - len(start)
+  return jax.lax.dynamic_update_slice(
+    x, tile.astype(x.dtype), tuple(start) + (0,) * rest
+  )
+
+
 def scale(d_head, dtype):
   """1 / sqrt(d_head) in `dtype`: what q is multiplied by, once."""
   return jnp.asarray(1.0 / d_head**0.5, dtype)

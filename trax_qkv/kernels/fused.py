@@ -80,7 +80,7 @@ class _Tiling:
     d) array: its queries only if `queries`, else the whole length."""
     b, q, f = self.origin(step)
     length = self.n_queries if queries else x.shape[1]
-    x = jax.lax.dynamic_slice(
+    x = common.read_tile(
       x,
       (b, q if queries else 0, f),
       (self.n_batch, length, self.n_heads_step * self.d_head),
@@ -94,12 +94,8 @@ class _Tiling:
     """x with the step's (n_batch * n_heads_step, L, d_head) rows written."""
     b, q, f = self.origin(step)
     rows = rows.reshape((self.n_batch, self.n_heads_step) + rows.shape[1:])
-    rows = (
-      jnp.swapaxes(rows, 1, 2)
-      .reshape((self.n_batch, rows.shape[2], -1))
-      .astype(x.dtype)
-    )
-    return jax.lax.dynamic_update_slice(x, rows, (b, q if queries else 0, f))
+    rows = jnp.swapaxes(rows, 1, 2).reshape((self.n_batch, rows.shape[2], -1))
+    return common.write_tile(x, rows, (b, q if queries else 0, f))
 
   def step_mask(self, step):
     """The step's mask, broadcastable to its (rows, queries, Lk) logits."""
@@ -110,7 +106,7 @@ class _Tiling:
       self.n_queries if mask.shape[1] > 1 else 1,
       self.lk,
     )
-    mask = jax.lax.dynamic_slice(
+    mask = common.read_tile(
       mask,
       (b if mask.shape[0] > 1 else 0, q if mask.shape[1] > 1 else 0, 0),
       size,
@@ -128,15 +124,13 @@ class _Tiling:
   def read_per_query(self, x, step):
     """The step's (rows, queries, 1) slice of a (batch * heads, Lq) array
     (the logsumexp, or rowsum(dO * O))."""
-    return jax.lax.dynamic_slice(
+    return common.read_tile(
       x, self.per_query_origin(step), (self.rows, self.n_queries)
     )[..., None]
 
   def write_per_query(self, x, values, step):
     """x with the step's (rows, queries, 1) values written."""
-    return jax.lax.dynamic_update_slice(
-      x, values[..., 0].astype(x.dtype), self.per_query_origin(step)
-    )
+    return common.write_tile(x, values[..., 0], self.per_query_origin(step))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
