@@ -363,12 +363,12 @@ def test_two_device_data_parallel_matches_one_device_and_builtin(tmp_path):
   )
   # Same math on two half-batches: equal up to float reassociation.
   meta_1, weights_1, _ = _checkpoint(str(one_device))
-  meta_2, weights_2, _ = _checkpoint(str(tmp_path / 'plugin_0.0'))
+  meta_2, weights_2, _ = _checkpoint(str(tmp_path / 'reference_0.0'))
   loss = 'metrics/WeightedCategoryCrossEntropy'
   loss_1 = [v for _, v in meta_1['history']['_values']['train'][loss]]
   loss_2 = [v for _, v in meta_2['history']['_values']['train'][loss]]
   np.testing.assert_allclose(loss_2, loss_1, rtol=DATA_PARALLEL_LOSS_RTOL)
   for a, b in zip(weights_1, weights_2):
     np.testing.assert_allclose(b, a, rtol=0, atol=DATA_PARALLEL_WEIGHTS_ATOL)
-  # Built-in and plugin under the same 2-device run, dropout on: identical.
-  _assert_same_run(str(tmp_path / 'plugin_0.1'), str(tmp_path / 'builtin_0.1'))
+  # Built-in and reference under one 2-device run, dropout on: identical.
+  _assert_same_run(str(tmp_path / 'reference_0.1'), str(tmp_path / 'trax_0.1'))

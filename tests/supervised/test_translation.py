@@ -237,6 +237,13 @@ def test_attention_map_holds_the_viz_mode_weights(tiny_run, tmp_path):
   assert len(written['weights']) == config.n_layers
   for got, want in zip(written['weights'], expected):
     assert np.array_equal(np.asarray(got, np.float32), want[0])
+  # Trax's own cross-attention on the same checkpoint: the same weights.
+  builtin = tmp_path / 'builtin.json'
+  argv = ['--model_dir', str(out / 'reference'), '--source', source]
+  argv += ['--target', target, '--format', 'json', '--output', str(builtin)]
+  assert main(argv + ['--attention', 'cross_attention=trax']) == 0
+  for got, want in zip(json.loads(builtin.read_text())['weights'], expected):
+    assert np.array_equal(np.asarray(got, np.float32), want[0])
   assert written['source_tokens'][-1] == '<eos>'
   assert len(written['target_tokens']) == len(target_ids[0])
   png = tmp_path / 'map.png'

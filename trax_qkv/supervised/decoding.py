@@ -94,10 +94,18 @@ def predict_model(
 def greedy_decode(
   model, source_ids, batch_size, source_length, max_length, progress=None
 ):
-  """Greedy decoding of `source_ids` (lists of ids) -> lists of ids, no EOS.
+  """Greedy decoding, `batch_size` sources at a time.
 
-  `model` comes from `predict_model(..., batch_size, source_length)`;
-  `progress`, if given, is a `Progress` told of every batch.
+  Args:
+    model: from `predict_model(..., batch_size, source_length)`.
+    source_ids: lists of token ids (EOS included), none longer than
+      `source_length`.
+    batch_size, source_length: the shape `model` was prepared for.
+    max_length: most tokens decoded per source.
+    progress: if given, a `Progress` told of every batch.
+
+  Returns:
+    One list of token ids per source, without EOS.
   """
   too_long = [i for i, s in enumerate(source_ids) if len(s) > source_length]
   if too_long:
@@ -197,17 +205,29 @@ def beam_decode(
   with_log_probs=False,
   progress=None,
 ):
-  """Beam search -> lists of ids (best hypothesis per source, no EOS).
+  """Beam search, `batch_size` sources (of `n_beams` rows each) at a time.
 
-  `model` comes from `predict_model(..., batch_size * n_beams,
-  source_length)`: each source runs as `n_beams` rows, and after every step
-  each row's predict-mode state (decoder K/V caches) is replaced by its
-  parent beam's. A hypothesis ends at EOS and is ranked by log-probability /
+  Each source runs as `n_beams` rows, and after every step each row's
+  predict-mode state (decoder K/V caches) is replaced by its parent
+  beam's. A hypothesis ends at EOS and is ranked by log-probability /
   `length_penalty(length, alpha)`; a source is done when no alive beam can
-  still beat its best finished one. (trax's own `beam_search` takes one
-  source at a time and ignores EOS.) With `with_log_probs`, each result is
-  (ids, the model's log-probability of ids + EOS as the search summed it).
-  `progress`, if given, is a `Progress` told of every batch.
+  still beat its best finished one. (Trax's own `beam_search` takes one
+  source at a time and ignores EOS.)
+
+  Args:
+    model: from `predict_model(..., batch_size * n_beams, source_length)`.
+    source_ids: lists of token ids (EOS included).
+    batch_size: sources per batch; source_length: their padded length.
+    n_beams: beams per source.
+    max_length: most tokens decoded per source.
+    alpha: GNMT length penalty.
+    with_log_probs: also return each hypothesis' log-probability.
+    progress: if given, a `Progress` told of every batch.
+
+  Returns:
+    Per source, the best hypothesis' token ids without EOS; with
+    `with_log_probs`, (ids, the model's log-probability of ids + EOS as
+    the search summed it).
   """
   rows = batch_size * n_beams
   fast = tl.Accelerate(model)

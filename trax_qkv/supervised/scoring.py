@@ -33,7 +33,8 @@ def check_bleu_tokenize(tokenize):
 
 def scores(hypotheses, references, tokenize='13a'):
   """sacreBLEU BLEU (cased, lowercased) and chrF with their signatures, and
-  exact match."""
+  exact match (`hypotheses` and `references`: one string per sentence;
+  `tokenize`: sacreBLEU's BLEU tokenizer)."""
   if len(hypotheses) != len(references):
     raise ValueError(
       f'{len(hypotheses)} hypotheses for {len(references)} references.'

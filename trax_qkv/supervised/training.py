@@ -105,7 +105,16 @@ def check_train_settings():
 
 
 def train_from_configs(config_files, bindings, output_dir):
-  """`python -m trax.trainer` equivalent; returns trainer_lib.train's Loop."""
+  """`python -m trax.trainer`'s job, with exact resume.
+
+  Args:
+    config_files: gin files, parsed in order.
+    bindings: gin bindings, applied after the files.
+    output_dir: checkpoints and summaries; a checkpoint there is resumed.
+
+  Returns:
+    The `ResumableLoop` that `trainer_lib.train` ran.
+  """
   output_dir = check_output_dir(output_dir)
   gin.clear_config()
   parse_configs(config_files, bindings)

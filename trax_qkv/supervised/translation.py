@@ -53,8 +53,17 @@ def check_checkpoint(model, model_fn):
 
 
 def translate(model_dir, sentences, **options):
-  """One translation per sentence, greedy (n_beams 1) or by beam search;
-  `options` as for `translate_ids`."""
+  """One translation per sentence, greedy (n_beams 1) or by beam search.
+
+  Args:
+    model_dir: a directory written by trax-qkv-validate or trax-qkv-train,
+      or its `model_dir.ModelDir`.
+    sentences: source-language strings.
+    **options: as for `translate_ids` (n_beams, alpha, attention, ...).
+
+  Returns:
+    One string per sentence ('' for a blank one).
+  """
   model = (
     model_dir
     if isinstance(model_dir, model_dir_lib.ModelDir)

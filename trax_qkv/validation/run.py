@@ -260,10 +260,18 @@ def _write_lines(path, lines):
 def run_validation(config, output_dir, log=print):
   """Trains, decodes and scores every implementation; writes the report.
 
-  Everything is checked before anything is written. Returns the summary
-  dict also written to `summary.json`; its per-model entries, run
-  directories and decode files are named by implementation ('trax',
-  'reference', ...).
+  Everything is checked before anything is written.
+
+  Args:
+    config: a `ValidationConfig`.
+    output_dir: where the run directories, decodes and report go; an
+      earlier run there with the same settings is resumed.
+    log: called with each progress line.
+
+  Returns:
+    The summary dict also written to `summary.json`; its per-model
+    entries, run directories and decode files are named by implementation
+    ('trax', 'reference', ...).
   """
   config.check()
   output_dir = training_lib.check_output_dir(output_dir)
