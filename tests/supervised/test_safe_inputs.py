@@ -768,6 +768,17 @@ def test_a_model_directory_of_release_0_2_0_translates_as_it_did(
     .splitlines()
   )
   assert capsys.readouterr().out.splitlines() == expected
+  # 0.2.0's --implementation flag still works, with a notice.
+  argv = ['--model_dir', RELEASE_0_2_0, '--beam', str(n_beams)]
+  argv += ['--batch_size', '100', '--max_length', '16']
+  assert (
+    command('translate').main(argv + ['--implementation', 'trax'] + sources)
+    == 0
+  )
+  out, err = capsys.readouterr()
+  assert out.splitlines() == expected
+  assert '--implementation is deprecated' in err
+  assert '--attention cross_attention=trax' in err
 
 
 def test_data_preparation_waits_for_the_data_dir_lock(tmp_path):

@@ -3,6 +3,7 @@
 flag's default and help is written once, here or in the config it fills."""
 
 import argparse
+import sys
 
 
 def new_parser(prog, doc):
@@ -55,12 +56,24 @@ def add_attention_flag(parser):
 def attention_from_flags(args):
   """{site: name} of --attention flags, checked; None when there are none.
 
+  0.2.0's `--implementation NAME` (translate) still means `--attention
+  cross_attention=NAME`, with a notice on standard error.
+
   Raises:
     ValueError: a site or name that the registry does not know.
   """
   from trax_qkv.models import registry
 
-  attention = dict(args.attention) or None
+  attention = dict(args.attention)
+  old = getattr(args, 'implementation', None)
+  if old is not None:
+    print(
+      'notice: --implementation is deprecated and will be removed in '
+      f'trax_qkv 0.4.0; use --attention cross_attention={old}.',
+      file=sys.stderr,
+    )
+    attention.setdefault('cross_attention', old)
+  attention = attention or None
   for site, name in (attention or {}).items():
     registry.resolve_attention(site, name)
   return attention

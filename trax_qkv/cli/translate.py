@@ -11,6 +11,7 @@ or one per line from standard input; one translation per line goes to
 standard output, progress to standard error.
 """
 
+import argparse
 import sys
 
 from trax_qkv import cli
@@ -45,6 +46,9 @@ def build_parser():
     'max_len)',
   )
   cli.add_attention_flag(parser)
+  parser.add_argument(  # 0.2.0's flag; cli.attention_from_flags reads it
+    '--implementation', default=None, help=argparse.SUPPRESS
+  )
   return parser
 
 
