@@ -91,43 +91,15 @@ def test_translate_gives_the_validate_decodes(tiny_run, n_beams, capsys):
     'decodes_reference.txt' if n_beams == 1 else ('decodes_beam_reference.txt')
   )
   expected = (out / name).read_text(encoding='utf-8').splitlines()
-  assert (
-    command('translate').main(
-      [
-        '--model_dir',
-        str(out / 'reference'),
-        '--beam',
-        str(n_beams),
-        '--batch_size',
-        str(config.decode_batch_size),
-        '--max_length',
-        str(max_length),
-      ]
-      + sources
-    )
-    == 0
-  )
+  argv = ['--model_dir', str(out / 'reference'), '--beam', str(n_beams)]
+  argv += ['--batch_size', str(config.decode_batch_size)]
+  argv += ['--max_length', str(max_length)]
+  assert command('translate').main(argv + sources) == 0
   assert capsys.readouterr().out.splitlines() == expected
   # Any implementation decodes the same checkpoint: Trax's layers in the
   # command's --attention flags, another kernel through the function.
-  assert (
-    command('translate').main(
-      [
-        '--model_dir',
-        str(out / 'reference'),
-        '--beam',
-        str(n_beams),
-        '--batch_size',
-        str(config.decode_batch_size),
-        '--max_length',
-        str(max_length),
-        '--attention',
-        'cross_attention=trax',
-      ]
-      + sources
-    )
-    == 0
-  )
+  attention = ['--attention', 'cross_attention=trax']
+  assert command('translate').main(argv + attention + sources) == 0
   assert capsys.readouterr().out.splitlines() == expected
   assert (
     translation.translate(

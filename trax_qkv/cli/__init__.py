@@ -74,8 +74,7 @@ def attention_from_flags(args):
     )
     attention.setdefault('cross_attention', old)
   attention = attention or None
-  for site, name in (attention or {}).items():
-    registry.resolve_attention(site, name)
+  registry.check_attention(attention)
   return attention
 
 

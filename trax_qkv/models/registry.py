@@ -191,6 +191,24 @@ def resolve_attention(site, implementation):
   )
 
 
+def check_attention(attention):
+  """Raises unless `attention` is None or a dict mapping sites to names
+  (or factories) they accept.
+
+  Raises:
+    TypeError: `attention` is not a dict.
+    ValueError: an unknown site or name (`resolve_attention`).
+  """
+  if attention is None:
+    return
+  if not isinstance(attention, dict):
+    raise TypeError(
+      f'attention must be a dict {{site: implementation}}; got {attention!r}.'
+    )
+  for site, name in attention.items():
+    resolve_attention(site, name)
+
+
 @contextlib.contextmanager
 def use_attention(**implementations):
   """Within the block, trax.models' Transformer family is built with these.
@@ -207,8 +225,7 @@ def use_attention(**implementations):
     for site, name in implementations.items()
     if name is not None
   }
-  for site, name in chosen.items():
-    resolve_attention(site, name)
+  check_attention(chosen)
   tokens = [(site, _overrides[site].set(name)) for site, name in chosen.items()]
   try:
     yield

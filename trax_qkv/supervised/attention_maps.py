@@ -9,6 +9,7 @@ import numpy as np
 from trax import shapes
 
 from trax_qkv.data import EOS_ID
+from trax_qkv.models import registry
 from trax_qkv.supervised import decoding
 from trax_qkv.supervised import model_dir as model_dir_lib
 from trax_qkv.supervised import translation
@@ -67,7 +68,7 @@ def for_sentence(model_dir, source, target=None, attention=None):
   """
   if not source.strip():
     raise ValueError('source must be a non-empty sentence.')
-  translation.check_attention(attention)
+  registry.check_attention(attention)
   model = model_dir_lib.load(model_dir)
   model_fn = model_dir_lib.transformer_fn(model.settings, attention)
   source_ids = decoding.encode_sources(model.vocab, [source])[0]

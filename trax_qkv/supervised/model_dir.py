@@ -161,11 +161,10 @@ def _read_attention(file, settings):
         f'{file}: {ATTENTION} must name the attention '
         'the model was trained with; it is missing.'
       )
-  for site, name in attention.items():
-    try:
-      registry.resolve_attention(site, name)
-    except (TypeError, ValueError) as e:
-      raise ModelDirError(f'{file}: {e}') from None
+  try:
+    registry.check_attention(attention)
+  except (TypeError, ValueError) as e:
+    raise ModelDirError(f'{file}: {e}') from None
   return {
     site: attention.get(site, registry.BUILTIN) for site in registry.SITES
   }

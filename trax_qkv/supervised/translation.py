@@ -75,19 +75,6 @@ def translate(model_dir, sentences, **options):
   ]
 
 
-def check_attention(attention):
-  """Raises ValueError unless `attention` is None or maps sites to names
-  they accept."""
-  if attention is None:
-    return
-  if not isinstance(attention, dict):
-    raise TypeError(
-      f'attention must be a dict {{site: implementation}}; got {attention!r}.'
-    )
-  for site, name in attention.items():
-    registry.resolve_attention(site, name)
-
-
 def translate_ids(
   model_dir,
   sentences,
@@ -124,7 +111,7 @@ def translate_ids(
     or (alpha < 0)
   ):
     raise ValueError(f'alpha must be a finite number >= 0; got {alpha!r}.')
-  check_attention(attention)
+  registry.check_attention(attention)
   model = (
     model_dir
     if isinstance(model_dir, model_dir_lib.ModelDir)

@@ -184,14 +184,15 @@ def prepare_corpus(config, data, log=print):
   test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
   if config.max_test_sentences:
     test = test[: config.max_test_sentences]
+  sources = [s for s, _ in test]
   references = [t for _, t in test]
-  source_ids = decoding.encode_sources(vocab, [s for s, _ in test])
+  source_ids = decoding.encode_sources(vocab, sources)
   return Corpus(
     data,
     vocab,
     train_batches,
     eval_batches,
-    [s for s, _ in test],
+    sources,
     references,
     source_ids,
     max(len(s) for s in source_ids),
