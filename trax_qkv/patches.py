@@ -100,19 +100,24 @@ def _for_n_devices(x, n_devices):
   """Replicates `x` for `n_devices`: Trax's, without the removed API."""
   if n_devices <= 1:
     return x
-  devices = jax.local_devices()[:n_devices]
+  return replicate(x, jax.local_devices()[:n_devices])
+
+
+def replicate(x, devices):
+  """Each leaf of `x` copied onto `devices` (this process's), stacked on a
+  new leading axis sharded over them: what `pmap` reads."""
   mesh = jax.sharding.Mesh(np.array(devices), ('devices',))
   sharding = jax.sharding.NamedSharding(
     mesh, jax.sharding.PartitionSpec('devices')
   )
 
-  def replicate(leaf):
+  def copies(leaf):
     leaf = np.asarray(leaf)
     return jax.device_put(
-      np.broadcast_to(leaf, (n_devices,) + leaf.shape), sharding
+      np.broadcast_to(leaf, (len(devices),) + leaf.shape), sharding
     )
 
-  return fastmath.nested_map(replicate, x)
+  return fastmath.nested_map(copies, x)
 
 
 def _on_cpu(x):

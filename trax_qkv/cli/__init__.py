@@ -3,6 +3,8 @@
 flag's default and help is written once, here or in the config it fills."""
 
 import argparse
+import hashlib
+import importlib.metadata
 import sys
 
 
@@ -114,3 +116,74 @@ def add_timing_flags(parser, output_dir, files, default_rounds):
     help='interleaved timing rounds per measurement '
     f'(default: {default_rounds})',
   )
+
+
+def add_process_flags(parser):
+  """The flags that make the command one process of a run of several."""
+  from trax_qkv.supervised import distributed
+
+  distributed.add_flags(parser)
+
+
+def run_job(command, argv, args, fingerprint, job):
+  """Runs `job()` alone, as one process of the run that `args`' process
+  flags describe, or, with --local_processes N, as N local processes of
+  `command` (started with the rest of `argv`). Returns the exit status:
+  0, 2 for what is wrong with the command line (nothing was written), 1
+  for a run that stopped (its last checkpoint intact); prints errors.
+
+  Args:
+    command: the command's name in `_trax_qkv_cli` ('train', 'validate').
+    argv: the command line (None: sys.argv[1:]).
+    args: its parsed flags.
+    fingerprint: a JSON-able dict of the settings every process of a run
+      must share.
+    job: what the command does.
+  """
+  import _trax_qkv_cli
+  from trax_qkv.supervised import checkpointing
+  from trax_qkv.supervised import distributed
+
+  if args.local_processes is not None:
+    _, rest = _trax_qkv_cli.local_processes(
+      sys.argv[1:] if argv is None else list(argv)
+    )
+    return _trax_qkv_cli.launch_local(command, rest, args.local_processes)
+  who = 'error'
+  try:
+    settings = distributed.from_flags(args)
+    if settings is not None and not settings.auto:
+      who = f'error (process {settings.process_id})'
+    with distributed.joined(settings, fingerprint):
+      job()
+  except (ValueError, PermissionError) as e:  # the command line
+    print(f'{who}: {e}', file=sys.stderr)
+    return 2
+  except checkpointing.RunError as e:  # the run, stopped intact
+    print(f'{who}: {e}', file=sys.stderr)
+    return 1
+  return 0
+
+
+def fingerprint(args, exclude=(), files=()):
+  """What every process of a run must share: its flags but `exclude` and
+  the process flags, the contents (sha256) of `files`, and the versions
+  of trax_qkv, trax and jax."""
+  from trax_qkv.supervised import distributed
+
+  skip = {'verbose', *exclude, *distributed.PROCESS_FLAGS}
+  settings = {
+    name: value for name, value in vars(args).items() if name not in skip
+  }
+  for path in files:
+    try:
+      with open(path, 'rb') as f:
+        settings[f'sha256 of {path}'] = hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+      settings[f'sha256 of {path}'] = None  # reported when the job reads it
+  for package in ('trax_qkv', 'trax', 'jax'):
+    try:
+      settings[f'{package} version'] = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      settings[f'{package} version'] = None
+  return settings

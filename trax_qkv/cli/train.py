@@ -7,6 +7,13 @@
 `python -m trax.trainer` no longer imports on current JAX; this does its
 job. Running the same command again resumes from the checkpoint in
 --output_dir.
+
+Several processes, on one machine or many, train as one (data parallel,
+the numbers of one process holding all their devices):
+
+  trax-qkv-train --local_processes 2 --config_file configs/trax.gin ...
+  trax-qkv-train --coordinator_address HOST0:1234 --num_processes 2 \\
+      --process_id I --config_file configs/trax.gin --output_dir /shared/run
 """
 
 from trax_qkv import cli
@@ -31,19 +38,20 @@ def build_parser():
     required=True,
     help='checkpoints and logs; an earlier run here resumes',
   )
+  cli.add_process_flags(parser)
   return parser
 
 
 def main(argv=None):
-  parser = build_parser()
-  args = parser.parse_args(argv)
-  from trax_qkv.supervised import checkpointing
+  args = build_parser().parse_args(argv)
   from trax_qkv.supervised import training
 
-  try:
-    training.train_from_configs(args.config_file, args.config, args.output_dir)
-  except (ValueError, PermissionError) as e:  # the command line
-    parser.exit(2, f'error: {e}\n')
-  except checkpointing.RunError as e:  # the run, stopped intact
-    parser.exit(1, f'error: {e}\n')
-  return 0
+  return cli.run_job(
+    'train',
+    argv,
+    args,
+    cli.fingerprint(args, files=args.config_file),
+    lambda: training.train_from_configs(
+      args.config_file, args.config, args.output_dir
+    ),
+  )

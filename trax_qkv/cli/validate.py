@@ -12,9 +12,10 @@ summary.json, loss_curves.png and cross-attention maps to --output_dir.
   trax-qkv-validate --implementations trax auto
 
 Running the same command again resumes an interrupted run exactly.
+With --local_processes N, or one command per process with
+--coordinator_address, --num_processes and --process_id, each model
+trains data parallel across the processes.
 """
-
-import sys
 
 from trax_qkv import cli
 from trax_qkv.validation import config as config_lib
@@ -30,21 +31,16 @@ def build_parser():
     help=f'where the report and checkpoints go (default: {DEFAULT_OUTPUT_DIR})',
   )
   config_lib.add_flags(parser)
+  cli.add_process_flags(parser)
   return parser
 
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
-  from trax_qkv.supervised import checkpointing
   from trax_qkv.validation import run
 
-  try:
+  def job():
     run.run_validation(config_lib.from_flags(args), args.output_dir)
-  except (ValueError, PermissionError) as e:  # the command line
-    print(f'error: {e}', file=sys.stderr)
-    return 2
-  except checkpointing.RunError as e:  # the run, stopped intact
-    print(f'error: {e}', file=sys.stderr)
-    return 1
-  print(f'report written to {args.output_dir}/report.md')
-  return 0
+    print(f'report written to {args.output_dir}/report.md')
+
+  return cli.run_job('validate', argv, args, cli.fingerprint(args), job)

@@ -222,6 +222,10 @@ def TranslationInputs(
         keys=data.keys,
         train=train,
         shuffle_train=False,
+        # Every process of a run reads the whole split (and the same
+        # batches); Trax would give each its own part of it.
+        host_id=0,
+        n_hosts=1,
       ),
       trax.data.Tokenize(
         keys=[0, 1],

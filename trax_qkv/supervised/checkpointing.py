@@ -26,9 +26,12 @@ import shutil
 import jax
 import numpy as np
 from trax import layers as tl
+from trax.data import inputs as trax_inputs
 from trax.supervised import training
 
 from trax_qkv import checkpoint_files
+from trax_qkv.supervised import data_parallel
+from trax_qkv.supervised import distributed
 from trax_qkv.supervised.progress import Progress
 
 RNG_SUFFIX = '.rng.npy'
@@ -188,19 +191,47 @@ class ResumableLoop(training.Loop):
   and `run` ends with a checkpoint of its last step.
   It also stops at a NaN or infinite loss, and reports progress between
   evals to `progress_log` (None: nowhere).
+
+  As one process of several (`jax.distributed`), it trains as one Loop
+  holding every device of every process (`data_parallel`): every process
+  reads the same batches and the same checkpoint, with the same random
+  seed; only the chief (process 0) writes.
   """
 
   progress_log = print
 
   def __init__(self, *args, output_dir=None, **kwargs):
+    if data_parallel.is_distributed():
+      # Trax's n_devices counts this process's devices; a seed of None
+      # would draw a different one per process.
+      kwargs['n_devices'] = None
+      kwargs['random_seed'] = distributed.same_seed(kwargs.get('random_seed'))
     if output_dir is not None:
-      finish_interrupted_save(os.path.expanduser(output_dir))
+      # Every process reads the checkpoint once the chief has completed it.
+      distributed.chief_first(
+        finish_interrupted_save, os.path.expanduser(output_dir)
+      )
     self._pending_checkpoints = []
     self._saved_step = 0  # of the checkpoint 'model' on disk
     self._evals_done_at = None
     self._in_run = False
     self._progress = None
     super().__init__(*args, output_dir=output_dir, **kwargs)
+    if data_parallel.is_distributed() and self._output_dir is not None:
+      # The chief saves the data positions (all processes read the same
+      # batches); Trax would read a file per process.
+      trax_inputs.load_data_counters(self._output_dir, host_id=0)
+
+  def _init_trainer(self, task):
+    if not data_parallel.is_distributed():
+      return super()._init_trainer(task)
+    data_parallel.check_supported(self)
+    return data_parallel.init_trainer(self, task)
+
+  def _init_evaluator(self, eval_task):
+    if not data_parallel.is_distributed():
+      return super()._init_evaluator(eval_task)
+    return data_parallel.init_evaluator(self._eval_model, eval_task)
 
   def _run_one_step(self, task_index, task_changed):
     loss, stats = super()._run_one_step(task_index, task_changed)
@@ -256,7 +287,9 @@ class ResumableLoop(training.Loop):
     ):
       self._pending_checkpoints.append(basename)
       return
-    if self._output_dir is None or not self.is_chief:
+    if not self.is_chief:
+      return  # Trax would still write this process's data counters
+    if self._output_dir is None:
       super().save_checkpoint(basename)
       return
     output_dir = self._output_dir

@@ -4,7 +4,8 @@ Two runs writing checkpoints into the same directory would interleave
 them. A run holds an exclusive `flock` on `<output_dir>/.trax_qkv.lock`
 while it works; the kernel drops the lock when the process ends, however
 it ends, so a killed run never leaves it stuck. The file names the holder
-for the error a second run gets.
+for the error a second run gets. In a run of several processes the chief
+(process 0) holds it for all of them: the others write nothing there.
 """
 
 import contextlib
@@ -13,6 +14,8 @@ import os
 import socket
 import sys
 import time
+
+import jax
 
 from trax_qkv import files
 
@@ -30,7 +33,11 @@ def hold_output_dir(output_dir):
 
   The lock file is opened as `files.open_lock_file` does (never through a
   symbolic link); the holder's line is written only once the lock is held.
+  Processes other than the chief of a run hold nothing.
   """
+  if jax.process_index() != 0:
+    yield
+    return
   os.makedirs(output_dir, exist_ok=True)
   fd = files.open_lock_file(output_dir, LOCK_FILE)
   try:

@@ -15,6 +15,7 @@ import os
 import tokenize
 
 import gin
+import jax
 import trax.data
 import trax.models
 from trax.supervised import trainer_lib
@@ -23,6 +24,8 @@ from trax_qkv import files
 import trax_qkv.data  # the data configurables of our configs
 from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
+from trax_qkv.supervised import data_parallel
+from trax_qkv.supervised import distributed
 from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
 
@@ -120,6 +123,8 @@ def train_from_configs(config_files, bindings, output_dir):
   parse_configs(config_files, bindings)
   check_train_settings()
   reset_data_counters()
+  # Across processes the chief prepares the data; the others then read it.
+  distributed.chief_first(prepare_data)
   with (
     locking.hold_output_dir(output_dir),
     trainer_loop_class(checkpointing.ResumableLoop),
@@ -129,24 +134,44 @@ def train_from_configs(config_files, bindings, output_dir):
     # Written before a fresh run (so that a killed one has it too), and
     # after training (a resumed run's settings are checked against its
     # checkpoint by then): never over the settings of another model.
-    if settings and not checkpointing.checkpoint_step(output_dir):
+    chief = distributed.is_chief()
+    if chief and settings and not checkpointing.checkpoint_step(output_dir):
       model_dir.save(output_dir, *settings)
     loop = trainer_lib.train(output_dir=output_dir)
-    if settings:
+    if chief and settings:
       model_dir.save(output_dir, *settings)
     return loop
+
+
+def prepare_data():
+  """Prepares the data set and vocabulary of `trax_qkv.data` when the
+  parsed config trains on them (Trax's own inputs prepare themselves)."""
+  inputs = _bound('train', 'inputs', None)
+  vocab = _bound('Transformer', 'input_vocab_size', None)
+  if getattr(inputs, 'selector', None) == 'trax_qkv.data.TranslationInputs' or (
+    getattr(vocab, 'selector', None) == 'trax_qkv.data.translation_vocab_size'
+  ):
+    trax_qkv.data.translation_data()
 
 
 @contextlib.contextmanager
 def trainer_loop_class(loop_class):
   """Within the block, `trainer_lib.train` builds `loop_class` instead of
-  `training.Loop` (same constructor)."""
+  `training.Loop` (same constructor). Across processes it also asks the
+  data streams for batches of every device of the run, not of this
+  process's devices: one process with all of them would read the same."""
   original = trainer_lib.training.Loop
+  original_num_devices = trainer_lib.num_devices
   trainer_lib.training.Loop = loop_class
+  if data_parallel.is_distributed():
+    trainer_lib.num_devices = lambda: (
+      original_num_devices() or jax.device_count()
+    )
   try:
     yield
   finally:
     trainer_lib.training.Loop = original
+    trainer_lib.num_devices = original_num_devices
 
 
 def reset_data_counters():

@@ -18,6 +18,7 @@ import time
 import numpy as np
 import trax
 from trax import layers as tl
+from trax.fastmath import numpy as jnp
 from trax.supervised import lr_schedules
 from trax.supervised import training
 
@@ -26,6 +27,7 @@ from trax_qkv import files
 from trax_qkv.supervised import attention_maps
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
+from trax_qkv.supervised import distributed
 from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
 from trax_qkv.supervised import scoring
@@ -54,7 +56,8 @@ class RecordingLoop(checkpointing.ResumableLoop):
 
   def _run_one_step(self, task_index, task_changed):
     loss, stats = super()._run_one_step(task_index, task_changed)
-    self.history.append('train', STEP_LOSS, self.step, float(loss))
+    # One loss per device with data parallelism; their mean, as Trax's.
+    self.history.append('train', STEP_LOSS, self.step, float(jnp.mean(loss)))
     now = time.time()
     self.history.append(
       'train', STEP_SECONDS, self.step, now - self._last_step_end
@@ -107,7 +110,9 @@ def train_one(
   schedule = lr_schedules.multifactor(
     constant=peak, factors=config.lr_factors, warmup_steps=config.warmup_steps
   )
-  checkpointing.finish_interrupted_save(output_dir)
+  # Every process of a run reads the step once the chief has completed the
+  # checkpoint.
+  distributed.chief_first(checkpointing.finish_interrupted_save, output_dir)
   done = checkpointing.checkpoint_step(output_dir)
   task = training.TrainTask(
     itertools.islice(itertools.cycle(train_batches), done + 1, None),
@@ -272,7 +277,8 @@ def run_validation(config, output_dir, log=print):
   Returns:
     The summary dict also written to `summary.json`; its per-model
     entries, run directories and decode files are named by implementation
-    ('trax', 'reference', ...).
+    ('trax', 'reference', ...). As one process of several: None on all
+    but the chief, which alone decodes, scores and writes.
   """
   config.check()
   output_dir = training_lib.check_output_dir(output_dir)
@@ -280,18 +286,25 @@ def run_validation(config, output_dir, log=print):
   # again once it is held, where no other run can change it.
   config_lib.check_same_run(config, output_dir)
   log(f'preparing data {config.source_dir or config.dataset} ...')
-  data = data_lib.prepare_translation_data(
-    config.dataset,
-    config.keys,
-    config.source_dir,
-    config.data_dir,
-    config.vocab_size,
-  )
+
+  def prepare_data():
+    return data_lib.prepare_translation_data(
+      config.dataset,
+      config.keys,
+      config.source_dir,
+      config.data_dir,
+      config.vocab_size,
+    )
+
+  # Across processes the chief prepares the data; the others then read it.
+  data = distributed.chief_first(prepare_data) or prepare_data()
+  chief = distributed.is_chief()
   with locking.hold_output_dir(output_dir):
     config_lib.check_same_run(config, output_dir)
     for name in config.implementations:
       checkpointing.check_checkpoint_files(os.path.join(output_dir, name))
-    config_lib.write_run_config(config, output_dir)
+    if chief:
+      config_lib.write_run_config(config, output_dir)
     corpus = prepare_corpus(config, data, log)
     # Attention maps of the bit-identical layers, else of the first model.
     mapped = (
@@ -299,6 +312,19 @@ def run_validation(config, output_dir, log=print):
       if 'reference' in config.implementations
       else config.implementations[0]
     )
+    if not chief:  # it trains its share of every model; the chief does
+      for name in config.implementations:  # the rest
+        train_one(
+          config,
+          model_dir.transformer_fn(
+            model_settings(config, corpus.vocab.vocab_size, name)
+          ),
+          corpus.train_batches,
+          corpus.eval_batches,
+          os.path.join(output_dir, name),
+          log,
+        )
+      return None
     results, histories, decodes = {}, {}, {}
     for name in config.implementations:
       results[name], histories[name], decodes[name] = run_one(
