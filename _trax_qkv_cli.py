@@ -74,6 +74,7 @@ def run(command, argv=None):
   it starts N processes of the command instead (`launch_local`), without
   importing it here."""
   argv = sys.argv[1:] if argv is None else list(argv)
+  _die_with_launcher()
   n, rest = local_processes(argv)
   if n is not None and command in MULTI_PROCESS_COMMANDS:
     return launch_local(command, rest, n)
@@ -109,12 +110,24 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _die_with_parent():
-  """In a child: end (SIGTERM) when the launcher ends, however it ends."""
+# Set by `launch_local` in its children's environment: the launcher's pid.
+LAUNCHER_ENV = 'TRAX_QKV_LAUNCHER_PID'
+
+
+def _die_with_launcher():
+  """In a child of `launch_local`: ends (SIGTERM) when the launcher ends,
+  however it ends, so that no process of the run outlives it. (Set here,
+  not between fork and exec: JAX in a launching test process warns of
+  fork.)"""
+  launcher = os.environ.pop(LAUNCHER_ENV, None)
+  if launcher is None:
+    return
   import ctypes
 
   PR_SET_PDEATHSIG = 1
   ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+  if os.getppid() != int(launcher):  # it ended before prctl
+    sys.exit(1)
 
 
 def child_environment(environ=None):
@@ -157,14 +170,13 @@ def launch_local(command, argv, n):
     )
     return 2
   address = f'127.0.0.1:{_free_port()}'
-  env = child_environment()
+  env = dict(child_environment(), **{LAUNCHER_ENV: str(os.getpid())})
   children = [
     subprocess.Popen(
       [sys.executable, '-m', '_trax_qkv_cli', command, *argv]
       + ['--coordinator_address', address, '--num_processes', str(n)]
       + ['--process_id', str(i)],
       env=env,
-      preexec_fn=_die_with_parent,
     )
     for i in range(n)
   ]

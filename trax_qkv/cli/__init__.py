@@ -154,7 +154,7 @@ def run_job(command, argv, args, fingerprint, job):
     settings = distributed.from_flags(args)
     if settings is not None and not settings.auto:
       who = f'error (process {settings.process_id})'
-    with distributed.joined(settings, fingerprint):
+    with distributed.joined(settings, fingerprint, quiet=not args.verbose):
       job()
   except (ValueError, PermissionError) as e:  # the command line
     print(f'{who}: {e}', file=sys.stderr)

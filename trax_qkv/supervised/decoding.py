@@ -113,7 +113,9 @@ def greedy_decode(
       f'source {too_long[0]} has {len(source_ids[too_long[0]])}'
       f' tokens; the model was prepared for {source_length}.'
     )
-  fast = tl.Accelerate(model)  # jit once, reuse for every batch
+  # Jitted once, reused for every batch; on one device, whatever this
+  # process has (the predict-mode state is per batch, not per device).
+  fast = tl.Accelerate(model, n_devices=1)
   initial_state = model.state
   outputs = []
   for start in range(0, len(source_ids), batch_size):
@@ -230,7 +232,7 @@ def beam_decode(
     the search summed it).
   """
   rows = batch_size * n_beams
-  fast = tl.Accelerate(model)
+  fast = tl.Accelerate(model, n_devices=1)  # as in greedy_decode
   initial_state = model.state
   bound = length_penalty(max_length, alpha)
   outputs = []

@@ -355,7 +355,28 @@ def _compare_settings(fingerprint, n, me, timeout):
 
 
 @contextlib.contextmanager
-def joined(settings, fingerprint):
+def _quiet_stderr(quiet):
+  """Within the block file descriptor 2 goes to /dev/null if `quiet`: the
+  C++ logs of a start that works (a failure raises, its message in the
+  exception; the fatal ones are checked for before, `_check_coordinator`)."""
+  if not quiet:
+    yield
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  try:
+    yield
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(devnull)
+
+
+@contextlib.contextmanager
+def joined(settings, fingerprint, quiet=True):
   """Within the block this process is one of the run of `settings` (None:
   it runs alone, and this does nothing).
 
@@ -363,6 +384,7 @@ def joined(settings, fingerprint):
     settings: `from_flags`' Settings, or None.
     fingerprint: a JSON-able dict of everything that must be the same on
       every process (the command's settings); compared before the block.
+    quiet: hide the runtime's start-up logs (JAX's and XLA's C++ lines).
 
   Raises:
     CoordinatorError, ProcessMismatchError (ValueErrors): before the block,
@@ -374,14 +396,15 @@ def joined(settings, fingerprint):
   if not settings.auto:
     _check_coordinator(settings)
   jax.config.update('jax_enable_recoverability', True)
-  jax.distributed.initialize(
-    settings.coordinator_address,
-    settings.num_processes,
-    settings.process_id,
-    initialization_timeout=settings.initialization_timeout,
-    heartbeat_timeout_seconds=settings.heartbeat_timeout,
-  )
-  n, me = jax.process_count(), jax.process_index()
+  with _quiet_stderr(quiet):  # the runtime's start-up logs, not errors
+    jax.distributed.initialize(
+      settings.coordinator_address,
+      settings.num_processes,
+      settings.process_id,
+      initialization_timeout=settings.initialization_timeout,
+      heartbeat_timeout_seconds=settings.heartbeat_timeout,
+    )
+    n, me = jax.process_count(), jax.process_index()  # starts the backend
   try:
     _compare_settings(fingerprint, n, me, settings.initialization_timeout)
   except BaseException:

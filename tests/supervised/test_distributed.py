@@ -1,0 +1,377 @@
+"""Several processes on JAX's distributed runtime train exactly as one.
+
+The runs are real: `python3 -m _trax_qkv_cli` processes on 127.0.0.1, one
+CPU device each, joined by `jax.distributed` (gloo collectives), compared
+with one process holding two CPU devices
+(`--xla_force_host_platform_device_count=2`). Bad flags are refused in this
+process, before JAX's runtime is started.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from helpers import CONFIGS
+from helpers import ROOT
+from helpers import command
+from helpers import tiny_train_bindings
+import numpy as np
+import pytest
+from trax import layers as tl
+
+import _trax_qkv_cli
+from trax_qkv import checkpoint_files
+from trax_qkv.supervised import checkpointing
+
+train_script = command('train')
+validate_script = command('validate')
+
+# The fault tests' --heartbeat_timeout: the survivor must stop within it
+# (plus the watchdog's polling and its start-up).
+HEARTBEAT = 10
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _cli(*argv):
+  return [sys.executable, '-m', '_trax_qkv_cli', *argv]
+
+
+def _train_argv(tmp_path, output_dir, steps, eval_frequency):
+  argv = ['train', '--config_file', os.path.join(CONFIGS, 'reference.gin')]
+  for binding in tiny_train_bindings(
+    str(tmp_path / 'tfds'), steps=steps, eval_frequency=eval_frequency
+  ):
+    argv += ['--config', binding]
+  return argv + ['--output_dir', str(output_dir)]
+
+
+def _validate_argv(tmp_path, output_dir):
+  return [
+    'validate',
+    '--dataset',
+    'trax_qkv_numbers/tiny',
+    '--data_dir',
+    str(tmp_path / 'tfds'),
+    '--vocab_size',
+    '200',
+    '--d_model',
+    '32',
+    '--d_ff',
+    '64',
+    '--n_layers',
+    '1',
+    '--n_heads',
+    '2',
+    '--steps',
+    '30',
+    '--eval_every',
+    '10',
+    '--batch_size',
+    '16',
+    '--max_test_sentences',
+    '4',
+    '--beam_sentences',
+    '2',
+    '--heatmap_sentences',
+    '1',
+    '--output_dir',
+    str(output_dir),
+  ]
+
+
+def _processes(argv, n, port, log_dir, extra=()):
+  """Starts process 0..n-1 of one run of `argv`; returns them."""
+  return [
+    subprocess.Popen(
+      _cli(
+        *argv,
+        '--coordinator_address',
+        f'127.0.0.1:{port}',
+        '--num_processes',
+        str(n),
+        '--process_id',
+        str(i),
+        '--heartbeat_timeout',
+        str(HEARTBEAT),
+        *extra,
+      ),
+      cwd=ROOT,
+      env=_trax_qkv_cli.child_environment(),
+      stdout=subprocess.DEVNULL,
+      stderr=open(log_dir / f'process{i}.log', 'w'),
+    )
+    for i in range(n)
+  ]
+
+
+def _two_devices(argv):
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  subprocess.run(
+    _cli(*argv), cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL
+  )
+
+
+def _checkpoint(output_dir):
+  """(metadata, weights, optimizer slots) of output_dir's checkpoint."""
+  path = os.path.join(output_dir, 'model')
+  meta = checkpoint_files.unpickle_from_file(path + '.pkl.gz', gzip=True)
+  weights = tl.np_from_file(
+    path + '.weights.npy.gz', compresslevel=meta['flat_weights']
+  )
+  slots = tl.np_from_file(
+    path + '.opt_slots0.npy.gz', compresslevel=meta['slots_per_task']
+  )
+  return meta, weights, slots
+
+
+def _assert_same_checkpoint(dir_a, dir_b):
+  """Same step, weights, optimizer slots, per-step losses and eval
+  metrics, bit for bit (timings aside)."""
+  meta_a, weights_a, slots_a = _checkpoint(dir_a)
+  meta_b, weights_b, slots_b = _checkpoint(dir_b)
+  assert meta_a['step'] == meta_b['step']
+  assert len(weights_a) == len(weights_b) and len(slots_a) == len(slots_b)
+  for a, b in zip(weights_a + slots_a, weights_b + slots_b):
+    assert np.array_equal(a, b), np.abs(a - b).max()
+  for mode in ('train', 'eval'):
+    values_a = meta_a['history']['_values'][mode]
+    values_b = meta_b['history']['_values'][mode]
+    compared = [m for m in values_a if 'per second' not in m]
+    compared = [m for m in compared if not m.endswith('_seconds')]
+    assert compared
+    for metric in compared:
+      assert [float(v) for _, v in values_a[metric]] == [
+        float(v) for _, v in values_b[metric]
+      ], (mode, metric)
+
+
+# ------------------------------------------------------------ exactly as one
+
+
+@pytest.mark.slow
+def test_two_processes_validate_as_one_process_with_two_devices(tmp_path):
+  two_processes, two_devices = tmp_path / 'processes', tmp_path / 'devices'
+  assert (
+    _trax_qkv_cli.run(
+      'validate',
+      _validate_argv(tmp_path, two_processes)[1:]
+      + [
+        '--local_processes',
+        '2',
+      ],
+    )
+    == 0
+  )
+  _two_devices(_validate_argv(tmp_path, two_devices))
+  # Every step's loss, the eval metrics, the final weights and optimizer
+  # slots of both models: bit for bit.
+  for name in ('trax', 'reference'):
+    _assert_same_checkpoint(two_processes / name, two_devices / name)
+  summaries = [
+    json.loads((run / 'summary.json').read_text())
+    for run in (two_processes, two_devices)
+  ]
+  for name in ('trax', 'reference'):
+    for key in ('final_loss', 'eval_loss', 'eval_accuracy', 'bleu', 'chrf'):
+      assert summaries[0][name][key] == summaries[1][name][key], (name, key)
+  for decodes in ('decodes_reference.txt', 'decodes_beam_trax.txt'):
+    assert (two_processes / decodes).read_text() == (
+      two_devices / decodes
+    ).read_text()
+  # The built-in and the plugin stay bit-identical across processes.
+  assert summaries[0]['max_loss_diff'] == 0.0
+  _assert_same_checkpoint(two_processes / 'trax', two_processes / 'reference')
+  step_losses = _checkpoint(two_processes / 'reference')[0]['history'][
+    '_values'
+  ]['train']['metrics/step_loss']
+  assert [step for step, _ in step_losses] == list(range(1, 31))
+  # Only the chief wrote, and one checkpoint (not one per process).
+  assert not list(two_processes.glob('**/data_counters1.pkl'))
+
+
+@pytest.mark.slow
+def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
+  tmp_path,
+):
+  steps = 200
+  uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
+  argv = _train_argv(tmp_path, uninterrupted, steps, eval_frequency=10)
+  assert _trax_qkv_cli.run('train', argv[1:] + ['--local_processes', '2']) == 0
+  assert checkpointing.checkpoint_step(str(uninterrupted)) == steps
+
+  argv = _train_argv(tmp_path, resumed, steps, eval_frequency=10)
+  logs = tmp_path / 'killed'
+  logs.mkdir()
+  chief, other = _processes(argv, 2, _free_port(), logs)
+  deadline = time.time() + 600
+  while checkpointing.checkpoint_step(str(resumed)) < 20:
+    assert chief.poll() is None and other.poll() is None, (
+      logs / 'process0.log'
+    ).read_text()
+    assert time.time() < deadline
+    time.sleep(0.05)
+  other.send_signal(signal.SIGKILL)
+  killed = time.time()
+  assert other.wait() == -signal.SIGKILL
+  assert chief.wait(timeout=HEARTBEAT + 60) == 1
+  assert time.time() - killed < HEARTBEAT + 30
+  errors = [
+    line
+    for line in (logs / 'process0.log').read_text().splitlines()
+    if line.startswith('error')
+  ]
+  assert len(errors) == 1, errors
+  assert 'process 1 of 2' in errors[0]
+  assert 'start the same 2 processes again to resume' in errors[0]
+  # The chief kept its last complete checkpoint.
+  kept = checkpointing.checkpoint_step(str(resumed))
+  assert 20 <= kept < steps
+  checkpointing.check_checkpoint_files(str(resumed))
+
+  for process in _processes(argv, 2, _free_port(), logs):
+    assert process.wait(timeout=600) == 0
+  _assert_same_checkpoint(uninterrupted, resumed)
+
+
+# ------------------------------------------------------- faults at start-up
+
+
+@pytest.mark.slow
+def test_a_process_with_other_settings_stops_the_run_before_writing(
+  tmp_path,
+):
+  out = tmp_path / 'out'
+  argv = _train_argv(tmp_path, out, steps=20, eval_frequency=10)
+  port = _free_port()
+  chief = _processes(argv, 2, port, tmp_path)[0]
+  other = _processes(
+    _train_argv(tmp_path, out, steps=30, eval_frequency=10),
+    2,
+    port,
+    tmp_path,
+  )[1]
+  assert chief.wait(timeout=300) == 2 and other.wait(timeout=300) == 2
+  for i in (0, 1):
+    log = (tmp_path / f'process{i}.log').read_text()
+    assert (
+      f'error (process {i}): process 1 was started with other settings '
+      'than process 0' in log
+    )
+    assert 'train.steps = 20' in log and 'train.steps = 30' in log
+  assert not out.exists()
+
+
+def _main_fails(script, argv, capsys):
+  assert script.main(argv) == 2
+  return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+  'flags, message',
+  [
+    (
+      ['--coordinator_address', '127.0.0.1:1', '--num_processes', '2'],
+      'needs --coordinator_address HOST:PORT, --num_processes N and '
+      '--process_id I; got only',
+    ),
+    (
+      ['--coordinator_address', '127.0.0.1:1234', '--num_processes', '2']
+      + ['--process_id', '2'],
+      '--process_id must be 0 to 1 (--num_processes 2); got 2',
+    ),
+    (
+      ['--coordinator_address', 'nohost', '--num_processes', '2']
+      + ['--process_id', '0'],
+      '--coordinator_address must be HOST:PORT',
+    ),
+    (
+      ['--distributed', 'auto', '--num_processes', '2'],
+      '--distributed auto finds the cluster itself; drop --num_processes',
+    ),
+    (['--heartbeat_timeout', '0', '--distributed', 'auto'], 'heartbeat'),
+  ],
+)
+@pytest.mark.parametrize('script', [train_script, validate_script])
+def test_bad_process_flags_are_refused_before_anything(
+  tmp_path, capsys, script, flags, message
+):
+  out = tmp_path / 'out'
+  argv = ['--output_dir', str(out)] + flags
+  if script is train_script:
+    argv += ['--config_file', os.path.join(CONFIGS, 'reference.gin')]
+  assert message in _main_fails(script, argv, capsys)
+  assert not out.exists()
+
+
+def test_unreachable_coordinator_is_one_line(tmp_path, capsys):
+  out = tmp_path / 'out'
+  start = time.time()
+  error = _main_fails(
+    validate_script,
+    ['--output_dir', str(out), '--coordinator_address']
+    + [f'127.0.0.1:{_free_port()}', '--num_processes', '2', '--process_id']
+    + ['1', '--initialization_timeout', '2'],
+    capsys,
+  )
+  assert time.time() - start < 30
+  assert error.count('\n') == 1
+  assert 'did not answer within 2 s' in error
+  assert not out.exists()
+
+
+def test_coordinator_port_in_use_is_one_line(tmp_path, capsys):
+  out = tmp_path / 'out'
+  with socket.socket() as busy:
+    busy.bind(('', 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    error = _main_fails(
+      validate_script,
+      ['--output_dir', str(out), '--coordinator_address']
+      + [f'127.0.0.1:{port}', '--num_processes', '2', '--process_id', '0'],
+      capsys,
+    )
+  assert f'process 0 cannot listen on port {port}' in error
+  assert not out.exists()
+
+
+# ----------------------------------------------------------- local launcher
+
+
+def test_local_launcher_places_the_processes_itself(capsys):
+  assert (
+    _trax_qkv_cli.launch_local(
+      'train', ['--output_dir', 'x', '--process_id', '0'], 2
+    )
+    == 2
+  )
+  assert '--process_id itself' in capsys.readouterr().err
+  assert _trax_qkv_cli.launch_local('train', [], '0') == 2
+
+
+def test_local_launcher_flag_is_taken_out_of_the_children_argv():
+  n, rest = _trax_qkv_cli.local_processes(
+    ['--config', 'a = 1', '--local_processes', '3', '--output_dir', 'o']
+  )
+  assert n == '3'
+  assert rest == ['--config', 'a = 1', '--output_dir', 'o']
+
+
+def test_local_children_have_one_cpu_device_each():
+  env = _trax_qkv_cli.child_environment(
+    {'XLA_FLAGS': '--xla_force_host_platform_device_count=8 --xla_foo=1'}
+  )
+  assert env['JAX_PLATFORMS'] == 'cpu'
+  assert env['XLA_FLAGS'].split() == [
+    '--xla_foo=1',
+    '--xla_force_host_platform_device_count=1',
+  ]
