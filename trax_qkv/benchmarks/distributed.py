@@ -87,11 +87,17 @@ def measure(layout, steps, scratch):
       for i in range(2)
     ]
     env = _environment(1)
+  logs = [f'{output[:-5]}_{i}.log' for i in range(len(commands))]
   processes = [
-    subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL) for c in commands
+    subprocess.Popen(
+      c, env=env, stdout=subprocess.DEVNULL, stderr=open(log, 'w')
+    )
+    for c, log in zip(commands, logs)
   ]
   if any(p.wait() for p in processes):
-    raise RuntimeError(f'the {layout} measurement failed; see its stderr.')
+    raise RuntimeError(
+      f'the {layout} measurement failed; its output: {", ".join(logs)}'
+    )
   with open(output) as f:
     return json.load(f)['seconds_per_step']
 

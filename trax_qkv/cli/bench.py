@@ -3,17 +3,19 @@
   trax-qkv-bench                   # layers, then models, runs/bench/
   trax-qkv-bench --only models     # whole trax.models, trax_qkv in every site
   trax-qkv-bench --only checkpoints  # resuming: Trax's reader and ours
+  trax-qkv-bench --only distributed  # 2 processes x 1 core vs 1 x 2 devices
   trax-qkv-bench --quick           # small shapes, a smoke test
 
 Prints each contender's time and its speed-up over the built-in, all
 measured interleaved in this one run, with the spread of the per-round
 ratios; writes bench.json / bench.md (layers) and bench_models.json /
-bench_models.md (models), bench_checkpoints.json / .md (checkpoints) to
---output_dir.
+bench_models.md (models), bench_checkpoints.json / .md (checkpoints),
+bench_distributed.json / .md (processes) to --output_dir.
 """
 
 from trax_qkv import cli
 from trax_qkv.benchmarks import checkpoints as checkpoint_bench
+from trax_qkv.benchmarks import distributed as distributed_bench
 from trax_qkv.benchmarks import layers as bench
 from trax_qkv.benchmarks import models as model_bench
 
@@ -30,13 +32,14 @@ def build_parser():
   )
   parser.add_argument(
     '--only',
-    choices=('layers', 'models', 'checkpoints'),
+    choices=('layers', 'models', 'checkpoints', 'distributed'),
     default=None,
     help='run one part: the attention layers (AttentionQKV alone, ~15 '
     'min on 2 cores), whole trax.models with trax_qkv in every site '
     '(TransformerLM, Transformer; ~15 min) or loading a checkpoint of '
     "the Multi30k-sized model with Trax's reader and trax_qkv's (~2 "
-    'min); default layers and models',
+    'min), or training it as 2 processes of 1 core against 1 process of '
+    '2 devices (~4 min); default layers and models',
   )
   return parser
 
@@ -64,5 +67,16 @@ def main(argv=None):
     print(
       f'written to {args.output_dir}/bench_checkpoints.json and '
       'bench_checkpoints.md'
+    )
+  if args.only == 'distributed':
+    results = distributed_bench.run(
+      rounds=min(args.rounds, distributed_bench.DEFAULT_ROUNDS),
+      scratch=args.output_dir,
+    )
+    distributed_bench.write(results, args.output_dir)
+    print(distributed_bench.markdown(results))
+    print(
+      f'written to {args.output_dir}/bench_distributed.json and '
+      'bench_distributed.md'
     )
   return 0
