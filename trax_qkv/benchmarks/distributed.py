@@ -179,8 +179,8 @@ def markdown(results):
     f'({two.min():.3f}-{two.max():.3f}) | {np.median(ratios):.2f} '
     f'({ratios.min():.2f}-{ratios.max():.2f}) |',
     '',
-    'Ring all-reduce of one float32 gradient, seconds (2 (N-1)/N of it '
-    'through each link; no overlap with compute):',
+    'Ring all-reduce of one float32 gradient over N hosts, milliseconds '
+    '(2 (N-1)/N of it through each link; no overlap with compute):',
     '',
     '| model | parameters | gradient MB | link | N=2 | N=8 | N=64 |',
     '|---|---|---|---|---|---|---|',
@@ -190,7 +190,7 @@ def markdown(results):
       lines.append(
         f'| {row["model"]} | {row["parameters"]:,} | '
         f'{row["gradient_mb"]:.1f} | {link} | '
-        + ' | '.join(f'{by_n[n]:.4f}' for n in ('2', '8', '64'))
+        + ' | '.join(f'{1e3 * by_n[n]:.3g}' for n in ('2', '8', '64'))
         + ' |'
       )
   return '\n'.join(lines) + '\n'
