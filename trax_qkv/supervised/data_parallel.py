@@ -16,6 +16,10 @@ it, and the step is Trax's pmapped update. Per-device losses and eval
 metrics are gathered from every process before they are averaged, so every
 process reports the run's loss, not its shard's. The numbers are thus those
 of one process holding all the devices.
+
+So that the step is Trax's own, this calls trax 1.4.1's private helpers
+(`_average_multidevice_gradients`, `_model_with_ends`, `_model_with_metrics`,
+`_combine_devices`); setup.cfg pins that version.
 """
 
 import functools

@@ -23,7 +23,13 @@ keeps it for the command:
 JAX ends every process when one stops sending heartbeats, with a fatal log
 and a stack trace; its recoverable mode (`jax_enable_recoverability`) lets
 a process live on instead, so a watchdog thread here asks the coordinator
-which processes are alive and ends this one with a line of its own.
+which processes are alive and ends this one with a line of its own. When
+process 0, which serves the coordinator, dies, JAX's client still ends the
+others at once with its fatal log: nothing in Python can catch it.
+
+The barrier with a timeout and the live-process query are the runtime
+client's (`jax._src.distributed.global_state.client`, jax 0.10.2 as
+setup.cfg pins it): JAX's public API has neither.
 """
 
 import contextlib
