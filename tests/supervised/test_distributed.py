@@ -242,6 +242,55 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
   _assert_same_checkpoint(uninterrupted, resumed)
 
 
+def _slurm_job_with_a_free_port():
+  """A SLURM_JOB_ID whose coordinator port (JAX's SLURM rule: the job id
+  modulo 4096, from 61440 on) is free here."""
+  for job in range(1000, 5096):
+    with socket.socket() as s:
+      try:
+        s.bind(('127.0.0.1', job % 4096 + 61440))
+      except OSError:
+        continue
+      return job
+  pytest.skip('no free port in 61440-65535 for an emulated SLURM job')
+
+
+@pytest.mark.slow
+def test_distributed_auto_joins_the_slurm_job_it_finds(tmp_path):
+  # The environment srun gives two tasks on one node; JAX's SLURM
+  # detection reads it (the real srun is not here).
+  out = tmp_path / 'out'
+  job = _slurm_job_with_a_free_port()
+  processes = [
+    subprocess.Popen(
+      _cli(
+        *_train_argv(tmp_path, out, steps=10, eval_frequency=5),
+        '--distributed',
+        'auto',
+      ),
+      cwd=ROOT,
+      env=dict(
+        _trax_qkv_cli.child_environment(),
+        SLURM_JOB_ID=str(job),
+        SLURM_STEP_NODELIST='127.0.0.1',
+        SLURM_NTASKS='2',
+        SLURM_PROCID=str(i),
+        SLURM_LOCALID=str(i),
+      ),
+      stdout=subprocess.DEVNULL,
+      stderr=open(tmp_path / f'auto{i}.log', 'w'),
+    )
+    for i in range(2)
+  ]
+  for i, process in enumerate(processes):
+    assert process.wait(timeout=600) == 0, (
+      tmp_path / f'auto{i}.log'
+    ).read_text()[-3000:]
+  assert checkpointing.checkpoint_step(str(out)) == 10
+  # One run of two processes: one chief wrote, one set of data positions.
+  assert [p.name for p in out.glob('data_counters*')] == ['data_counters0.pkl']
+
+
 # ------------------------------------------------------- faults at start-up
 
 
