@@ -88,8 +88,9 @@ def _validate_argv(tmp_path, output_dir):
   ]
 
 
-def _processes(argv, n, port, log_dir, extra=()):
-  """Starts process 0..n-1 of one run of `argv`; returns them."""
+def _processes(argv, n, port, log_dir, ids=None):
+  """Starts processes `ids` (default 0..n-1) of one run of `argv`; returns
+  them."""
   return [
     subprocess.Popen(
       _cli(
@@ -102,14 +103,13 @@ def _processes(argv, n, port, log_dir, extra=()):
         str(i),
         '--heartbeat_timeout',
         str(HEARTBEAT),
-        *extra,
       ),
       cwd=ROOT,
       env=_trax_qkv_cli.child_environment(),
       stdout=subprocess.DEVNULL,
       stderr=open(log_dir / f'process{i}.log', 'w'),
     )
-    for i in range(n)
+    for i in (range(n) if ids is None else ids)
   ]
 
 
@@ -301,13 +301,14 @@ def test_a_process_with_other_settings_stops_the_run_before_writing(
   out = tmp_path / 'out'
   argv = _train_argv(tmp_path, out, steps=20, eval_frequency=10)
   port = _free_port()
-  chief = _processes(argv, 2, port, tmp_path)[0]
-  other = _processes(
+  (chief,) = _processes(argv, 2, port, tmp_path, ids=[0])
+  (other,) = _processes(
     _train_argv(tmp_path, out, steps=30, eval_frequency=10),
     2,
     port,
     tmp_path,
-  )[1]
+    ids=[1],
+  )
   assert chief.wait(timeout=300) == 2 and other.wait(timeout=300) == 2
   for i in (0, 1):
     log = (tmp_path / f'process{i}.log').read_text()

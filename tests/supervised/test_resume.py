@@ -111,12 +111,13 @@ def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
     ] + sum((['--config', b] for b in bindings), [])
 
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
-  train_script.main(argv(uninterrupted)[3:])  # also prepares the data
+  # The first run also prepares the data.
+  assert train_script.main(argv(uninterrupted)[3:]) == 0
   killed_at = _kill_at_checkpoint(
     argv(resumed), str(resumed), 100, tmp_path / 'killed.log'
   )
   assert 100 <= killed_at < 400
-  train_script.main(argv(resumed)[3:])
+  assert train_script.main(argv(resumed)[3:]) == 0
   _assert_same_run(str(uninterrupted), str(resumed))
 
 
@@ -158,12 +159,12 @@ def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
     ]
 
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
-  validate_script.main(argv(uninterrupted)[3:])
+  assert validate_script.main(argv(uninterrupted)[3:]) == 0
   killed_at = _kill_at_checkpoint(
     argv(resumed), str(resumed / 'reference'), 100, tmp_path / 'killed.log'
   )
   assert 100 <= killed_at < 400
-  validate_script.main(argv(resumed)[3:])
+  assert validate_script.main(argv(resumed)[3:]) == 0
   _assert_same_run(str(uninterrupted / 'reference'), str(resumed / 'reference'))
   step_losses = _checkpoint(str(resumed / 'reference'))[0]['history'][
     '_values'
