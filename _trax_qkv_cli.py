@@ -55,15 +55,24 @@ def quiet_imports(verbose=False):
   for message in _NOISE_WARNINGS:
     warnings.filterwarnings('ignore', message=message)
   logging.getLogger().addFilter(_DropGinPathLookups())
-  sys.stderr.flush()
-  saved = os.dup(2)
+  with to_devnull(2):
+    yield
+
+
+@contextlib.contextmanager
+def to_devnull(fd):
+  """Within the block file descriptor `fd` (1: stdout, 2: stderr; what C++
+  libraries write included) goes to /dev/null."""
+  stream = {1: sys.stdout, 2: sys.stderr}[fd]
+  stream.flush()
+  saved = os.dup(fd)
   devnull = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, 2)
+  os.dup2(devnull, fd)
   try:
     yield
   finally:
-    sys.stderr.flush()
-    os.dup2(saved, 2)
+    stream.flush()
+    os.dup2(saved, fd)
     os.close(saved)
     os.close(devnull)
 
@@ -104,7 +113,8 @@ _PROCESS_FLAGS = (
 )
 
 
-def _free_port():
+def free_port():
+  """A TCP port of 127.0.0.1 that nothing listens on now."""
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
     return s.getsockname()[1]
@@ -130,14 +140,14 @@ def _die_with_launcher():
     sys.exit(1)
 
 
-def child_environment(environ=None):
-  """A child's environment: JAX on CPU, one device."""
+def child_environment(environ=None, devices=1):
+  """A child's environment: JAX on CPU, `devices` CPU devices."""
   env = dict(os.environ if environ is None else environ)
   flags = re.sub(
     r'--xla_force_host_platform_device_count=\S*', '', env.get('XLA_FLAGS', '')
   )
   env['XLA_FLAGS'] = (
-    flags.strip() + ' --xla_force_host_platform_device_count=1'
+    f'{flags.strip()} --xla_force_host_platform_device_count={devices}'
   ).strip()
   env['JAX_PLATFORMS'] = 'cpu'
   here = os.path.dirname(os.path.abspath(__file__))
@@ -169,7 +179,7 @@ def launch_local(command, argv, n):
       file=sys.stderr,
     )
     return 2
-  address = f'127.0.0.1:{_free_port()}'
+  address = f'127.0.0.1:{free_port()}'
   env = dict(child_environment(), **{LAUNCHER_ENV: str(os.getpid())})
   children = [
     subprocess.Popen(

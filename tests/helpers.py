@@ -84,3 +84,35 @@ def tiny_train_bindings(tfds_dir, steps, eval_frequency=5, d_model=32):
     f'train.eval_frequency = {eval_frequency}',
     'train.eval_steps = 1',
   ]
+
+
+def tiny_validate_flags(tfds_dir, output_dir, steps, eval_every, *more):
+  """trax-qkv-validate flags of a seconds-long run on tiny numbers (1+1
+  layers, d_model 32, 4 test sentences); `more` flags are added."""
+  return [
+    '--dataset',
+    'trax_qkv_numbers/tiny',
+    '--data_dir',
+    str(tfds_dir),
+    '--vocab_size',
+    '200',
+    '--d_model',
+    '32',
+    '--d_ff',
+    '64',
+    '--n_layers',
+    '1',
+    '--n_heads',
+    '2',
+    '--steps',
+    str(steps),
+    '--eval_every',
+    str(eval_every),
+    '--batch_size',
+    '16',
+    '--max_test_sentences',
+    '4',
+    *more,
+    '--output_dir',
+    str(output_dir),
+  ]

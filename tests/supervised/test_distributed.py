@@ -19,6 +19,7 @@ from helpers import CONFIGS
 from helpers import ROOT
 from helpers import command
 from helpers import tiny_train_bindings
+from helpers import tiny_validate_flags
 import numpy as np
 import pytest
 from trax import layers as tl
@@ -35,12 +36,6 @@ validate_script = command('validate')
 HEARTBEAT = 10
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def _cli(*argv):
   return [sys.executable, '-m', '_trax_qkv_cli', *argv]
 
@@ -55,37 +50,16 @@ def _train_argv(tmp_path, output_dir, steps, eval_frequency):
 
 
 def _validate_argv(tmp_path, output_dir):
-  return [
-    'validate',
-    '--dataset',
-    'trax_qkv_numbers/tiny',
-    '--data_dir',
-    str(tmp_path / 'tfds'),
-    '--vocab_size',
-    '200',
-    '--d_model',
-    '32',
-    '--d_ff',
-    '64',
-    '--n_layers',
-    '1',
-    '--n_heads',
-    '2',
-    '--steps',
-    '30',
-    '--eval_every',
-    '10',
-    '--batch_size',
-    '16',
-    '--max_test_sentences',
-    '4',
+  return ['validate'] + tiny_validate_flags(
+    tmp_path / 'tfds',
+    output_dir,
+    30,
+    10,
     '--beam_sentences',
     '2',
     '--heatmap_sentences',
     '1',
-    '--output_dir',
-    str(output_dir),
-  ]
+  )
 
 
 def _processes(argv, n, port, log_dir, ids=None):
@@ -211,7 +185,7 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
   argv = _train_argv(tmp_path, resumed, steps, eval_frequency=10)
   logs = tmp_path / 'killed'
   logs.mkdir()
-  chief, other = _processes(argv, 2, _free_port(), logs)
+  chief, other = _processes(argv, 2, _trax_qkv_cli.free_port(), logs)
   deadline = time.time() + 600
   while checkpointing.checkpoint_step(str(resumed)) < 20:
     assert chief.poll() is None and other.poll() is None, (
@@ -237,7 +211,7 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
   assert 20 <= kept < steps
   checkpointing.check_checkpoint_files(str(resumed))
 
-  for process in _processes(argv, 2, _free_port(), logs):
+  for process in _processes(argv, 2, _trax_qkv_cli.free_port(), logs):
     assert process.wait(timeout=600) == 0
   _assert_same_checkpoint(uninterrupted, resumed)
 
@@ -300,7 +274,7 @@ def test_a_process_with_other_settings_stops_the_run_before_writing(
 ):
   out = tmp_path / 'out'
   argv = _train_argv(tmp_path, out, steps=20, eval_frequency=10)
-  port = _free_port()
+  port = _trax_qkv_cli.free_port()
   (chief,) = _processes(argv, 2, port, tmp_path, ids=[0])
   (other,) = _processes(
     _train_argv(tmp_path, out, steps=30, eval_frequency=10),
@@ -368,8 +342,8 @@ def test_unreachable_coordinator_is_one_line(tmp_path, capsys):
   error = _main_fails(
     validate_script,
     ['--output_dir', str(out), '--coordinator_address']
-    + [f'127.0.0.1:{_free_port()}', '--num_processes', '2', '--process_id']
-    + ['1', '--initialization_timeout', '2'],
+    + [f'127.0.0.1:{_trax_qkv_cli.free_port()}', '--num_processes', '2']
+    + ['--process_id', '1', '--initialization_timeout', '2'],
     capsys,
   )
   assert time.time() - start < 30

@@ -18,6 +18,7 @@ from helpers import CONFIGS
 from helpers import ROOT
 from helpers import command
 from helpers import tiny_train_bindings
+from helpers import tiny_validate_flags
 import jax
 import numpy as np
 import pytest
@@ -124,39 +125,16 @@ def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
 @pytest.mark.slow
 def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   def argv(output_dir):
-    return [
-      '-m',
-      '_trax_qkv_cli',
-      'validate',
-      '--dataset',
-      'trax_qkv_numbers/tiny',
-      '--data_dir',
-      str(tmp_path / 'tfds'),
-      '--vocab_size',
-      '200',
-      '--d_model',
-      '32',
-      '--d_ff',
-      '64',
-      '--n_layers',
-      '1',
-      '--n_heads',
-      '2',
-      '--steps',
-      '400',
-      '--eval_every',
-      '50',
-      '--batch_size',
-      '16',
+    return ['-m', '_trax_qkv_cli', 'validate'] + tiny_validate_flags(
+      tmp_path / 'tfds',
+      output_dir,
+      400,
+      50,
       '--implementations',
       'reference',
-      '--max_test_sentences',
-      '4',
       '--beam_sentences',
       '1',
-      '--output_dir',
-      str(output_dir),
-    ]
+    )
 
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
   assert validate_script.main(argv(uninterrupted)[3:]) == 0

@@ -20,15 +20,25 @@ ring all-reduce of them takes at stated bandwidths (`scaling_table`).
 """
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
+import trax
+from trax import layers as tl
+from trax import shapes
+from trax.supervised import training
 
+import _trax_qkv_cli
+from trax_qkv.benchmarks import models
 from trax_qkv.benchmarks import timing
+from trax_qkv.supervised import checkpointing
+from trax_qkv.supervised import distributed
 
 DEFAULT_ROUNDS = 3
 STEPS = 20
@@ -55,38 +65,22 @@ def _worker_argv(steps, output):
   ]
 
 
-def _environment(devices):
-  env = dict(os.environ)
-  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
-  env['JAX_PLATFORMS'] = 'cpu'
-  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
-  return env
-
-
-def _free_port():
-  import socket
-
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def measure(layout, steps, scratch):
   """Seconds per training step of `layout` ('one process' or 'two
   processes'), measured in fresh processes."""
   output = os.path.join(scratch, f'{layout.replace(" ", "_")}.json')
   if layout == 'one process':
     commands = [_worker_argv(steps, output)]
-    env = _environment(2)
+    env = _trax_qkv_cli.child_environment(devices=2)
   else:
-    port = _free_port()
+    port = _trax_qkv_cli.free_port()
     commands = [
       _worker_argv(steps, output)
       + ['--coordinator_address', f'127.0.0.1:{port}']
       + ['--num_processes', '2', '--process_id', str(i), '--core', str(i)]
       for i in range(2)
     ]
-    env = _environment(1)
+    env = _trax_qkv_cli.child_environment(devices=1)
   logs = [f'{output[:-5]}_{i}.log' for i in range(len(commands))]
   processes = [
     subprocess.Popen(
@@ -124,8 +118,6 @@ def run(rounds=DEFAULT_ROUNDS, steps=STEPS, scratch='runs/bench', log=print):
 
 def gradient_bytes(model):
   """Bytes of one float32 gradient of `model`'s weights."""
-  import jax
-
   return 4 * sum(int(np.size(w)) for w in jax.tree_util.tree_leaves(model))
 
 
@@ -133,10 +125,6 @@ def scaling_table():
   """Per README model: parameters, gradient MB, and the seconds of a ring
   all-reduce over N hosts (2 (N-1)/N of the bytes through each link) at
   each of BANDWIDTHS, for N = 2, 8, 64."""
-  from trax import shapes
-
-  from trax_qkv.benchmarks import models
-
   rows = []
   for name, (vocab, d_model, d_ff, n_layers, max_len) in {
     'numbers (README main job)': (512, 128, 256, 2, 64),
@@ -208,30 +196,12 @@ def _worker(argv=None):
   parser = argparse.ArgumentParser()
   parser.add_argument('--steps', type=int, required=True)
   parser.add_argument('--output', required=True)
-  parser.add_argument('--coordinator_address')
-  parser.add_argument('--num_processes', type=int)
-  parser.add_argument('--process_id', type=int)
   parser.add_argument('--core', type=int)
+  distributed.add_flags(parser)
   args = parser.parse_args(argv)
-  if args.core is not None:
+  if args.core is not None:  # before JAX sizes its thread pool
     os.sched_setaffinity(0, {args.core % os.cpu_count()})
-
-  import itertools
-
-  import trax
-  from trax import layers as tl
-  from trax.supervised import training
-
-  from trax_qkv.benchmarks import models
-  from trax_qkv.supervised import checkpointing
-  from trax_qkv.supervised import distributed
-
-  settings = None
-  if args.coordinator_address:
-    settings = distributed.Settings(
-      args.coordinator_address, args.num_processes, args.process_id
-    )
-  with distributed.joined(settings, {'steps': args.steps}):
+  with distributed.joined(distributed.from_flags(args), {'steps': args.steps}):
     source, target = models._batch(BATCH, 8192)
     batch = (source, target, np.ones(target.shape, np.float32))
     task = training.TrainTask(

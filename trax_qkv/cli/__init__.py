@@ -140,6 +140,8 @@ def run_job(command, argv, args, fingerprint, job):
       must share.
     job: what the command does.
   """
+  import contextlib
+
   import _trax_qkv_cli
   from trax_qkv.supervised import checkpointing
   from trax_qkv.supervised import distributed
@@ -154,8 +156,19 @@ def run_job(command, argv, args, fingerprint, job):
     settings = distributed.from_flags(args)
     if settings is not None and not settings.auto:
       who = f'error (process {settings.process_id})'
-    with distributed.joined(settings, fingerprint, quiet=not args.verbose):
-      job()
+    quiet_start = (
+      contextlib.nullcontext
+      if args.verbose
+      else lambda: _trax_qkv_cli.to_devnull(2)
+    )
+    with distributed.joined(settings, fingerprint, quiet_start):
+      # Only the chief prints progress: the others' would repeat it.
+      with (
+        contextlib.nullcontext()
+        if distributed.is_chief()
+        else _trax_qkv_cli.to_devnull(1)
+      ):
+        job()
   except (ValueError, PermissionError) as e:  # the command line
     print(f'{who}: {e}', file=sys.stderr)
     return 2

@@ -201,14 +201,14 @@ class ResumableLoop(training.Loop):
   progress_log = print
 
   def __init__(self, *args, output_dir=None, **kwargs):
-    if data_parallel.is_distributed():
+    if distributed.is_distributed():
       # Trax's n_devices counts this process's devices; a seed of None
       # would draw a different one per process.
       kwargs['n_devices'] = None
       kwargs['random_seed'] = distributed.same_seed(kwargs.get('random_seed'))
     if output_dir is not None:
       # Every process reads the checkpoint once the chief has completed it.
-      distributed.chief_first(
+      distributed.chief_only(
         finish_interrupted_save, os.path.expanduser(output_dir)
       )
     self._pending_checkpoints = []
@@ -217,19 +217,19 @@ class ResumableLoop(training.Loop):
     self._in_run = False
     self._progress = None
     super().__init__(*args, output_dir=output_dir, **kwargs)
-    if data_parallel.is_distributed() and self._output_dir is not None:
+    if distributed.is_distributed() and self._output_dir is not None:
       # The chief saves the data positions (all processes read the same
       # batches); Trax would read a file per process.
       trax_inputs.load_data_counters(self._output_dir, host_id=0)
 
   def _init_trainer(self, task):
-    if not data_parallel.is_distributed():
+    if not distributed.is_distributed():
       return super()._init_trainer(task)
     data_parallel.check_supported(self)
     return data_parallel.init_trainer(self, task)
 
   def _init_evaluator(self, eval_task):
-    if not data_parallel.is_distributed():
+    if not distributed.is_distributed():
       return super()._init_evaluator(eval_task)
     return data_parallel.init_evaluator(self._eval_model, eval_task)
 

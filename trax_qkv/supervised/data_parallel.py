@@ -40,11 +40,6 @@ from trax.supervised import training
 from trax_qkv import patches
 
 
-def is_distributed():
-  """Whether this process is one of several (jax.distributed)."""
-  return jax.process_count() > 1
-
-
 def _local_positions():
   """Positions of this process's devices among all devices of the run,
   in the order `pmap` numbers them."""
@@ -210,9 +205,6 @@ class Trainer(optimizers.Trainer):
     self._optimizer.slots = unreplicate(slots)
     stats['loss'] = gather(stats['loss'])
     return stats['loss'], stats
-
-  def _unreplicate(self, x):
-    return unreplicate(x)
 
 
 def init_trainer(loop, task):

@@ -12,8 +12,8 @@ keeps it for the command:
   (process 0) before anything is prepared or written;
 * all processes read the same batches and train in lockstep
   (`data_parallel`); the chief holds the output directory and writes
-  everything in it, the others write nothing there and print nothing but
-  errors;
+  everything in it, the others write nothing there (and the commands
+  print only their errors);
 * a process that dies or hangs is noticed through JAX's heartbeats: within
   `--heartbeat_timeout` seconds every other process stops with one line
   naming it, and the output directory keeps its last complete checkpoint
@@ -301,10 +301,15 @@ def _looks_like_a_lost_peer(error):
 _barriers = 0
 
 
+def is_distributed():
+  """Whether this process is one of several (jax.distributed)."""
+  return jax.process_count() > 1
+
+
 def barrier(name):
   """Waits until every process of the run gets here (at once when alone)."""
   global _barriers
-  if jax.process_count() == 1:
+  if not is_distributed():
     return
   _barriers += 1
   _client().wait_at_barrier(f'trax_qkv/{name}/{_barriers}', _BARRIER_TIMEOUT_MS)
@@ -314,17 +319,28 @@ def is_chief():
   return jax.process_index() == CHIEF
 
 
+def chief_only(fn, *args, **kwargs):
+  """Runs `fn` on the chief alone, then lets every process on (what it
+  wrote is then complete)."""
+  if is_chief():
+    fn(*args, **kwargs)
+  barrier(fn.__name__)
+
+
 def chief_first(fn, *args, **kwargs):
-  """Runs `fn` on the chief, then lets every process on (what it wrote
-  is then complete); returns its value on the chief, None elsewhere."""
-  value = fn(*args, **kwargs) if is_chief() else None
-  barrier(getattr(fn, '__name__', 'chief_first'))
-  return value
+  """Runs `fn` on the chief, then, once it is done, on every other process
+  (which then reads what the chief prepared); returns its value."""
+  if is_chief():
+    value = fn(*args, **kwargs)
+    barrier(fn.__name__)
+    return value
+  barrier(fn.__name__)
+  return fn(*args, **kwargs)
 
 
 def same_seed(seed):
   """`seed`, or when None one drawn by the chief, on every process."""
-  if jax.process_count() == 1:
+  if not is_distributed():
     return seed
   drawn = np.int64(np.random.SeedSequence().entropy % 2**31)
   chosen = np.int64(-1 if seed is None else seed)
@@ -336,11 +352,10 @@ def _compare_settings(fingerprint, n, me, timeout):
   """Raises ProcessMismatchError unless every process's `fingerprint`
   (a JSON-able dict) equals the chief's."""
   client = _client()
-  client.key_value_set(
-    f'trax_qkv/settings/{me}', json.dumps(fingerprint, sort_keys=True)
-  )
+  text = json.dumps(fingerprint, sort_keys=True)
+  client.key_value_set(f'trax_qkv/settings/{me}', text)
   others = [CHIEF] if me != CHIEF else range(1, n)
-  mine = json.loads(json.dumps(fingerprint, sort_keys=True))
+  mine = json.loads(text)  # as the others read it (tuples are lists)
   for i in others:
     theirs = json.loads(
       client.blocking_key_value_get(f'trax_qkv/settings/{i}', timeout * 1000)
@@ -361,28 +376,7 @@ def _compare_settings(fingerprint, n, me, timeout):
 
 
 @contextlib.contextmanager
-def _quiet_stderr(quiet):
-  """Within the block file descriptor 2 goes to /dev/null if `quiet`: the
-  C++ logs of a start that works (a failure raises, its message in the
-  exception; the fatal ones are checked for before, `_check_coordinator`)."""
-  if not quiet:
-    yield
-    return
-  sys.stderr.flush()
-  saved = os.dup(2)
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, 2)
-  try:
-    yield
-  finally:
-    sys.stderr.flush()
-    os.dup2(saved, 2)
-    os.close(saved)
-    os.close(devnull)
-
-
-@contextlib.contextmanager
-def joined(settings, fingerprint, quiet=True):
+def joined(settings, fingerprint, quiet_start=contextlib.nullcontext):
   """Within the block this process is one of the run of `settings` (None:
   it runs alone, and this does nothing).
 
@@ -390,7 +384,10 @@ def joined(settings, fingerprint, quiet=True):
     settings: `from_flags`' Settings, or None.
     fingerprint: a JSON-able dict of everything that must be the same on
       every process (the command's settings); compared before the block.
-    quiet: hide the runtime's start-up logs (JAX's and XLA's C++ lines).
+    quiet_start: a context manager factory; the runtime starts within
+      one (the commands pass one that hides JAX's and XLA's C++ start-up
+      logs: a failure raises, its message in the exception, and the fatal
+      ones are checked for before, `_check_coordinator`).
 
   Raises:
     CoordinatorError, ProcessMismatchError (ValueErrors): before the block,
@@ -402,7 +399,7 @@ def joined(settings, fingerprint, quiet=True):
   if not settings.auto:
     _check_coordinator(settings)
   jax.config.update('jax_enable_recoverability', True)
-  with _quiet_stderr(quiet):  # the runtime's start-up logs, not errors
+  with quiet_start():
     jax.distributed.initialize(
       settings.coordinator_address,
       settings.num_processes,
@@ -417,13 +414,6 @@ def joined(settings, fingerprint, quiet=True):
     _leave()
     raise
   watchdog = _Watchdog(settings.heartbeat_timeout)
-  stdout = None
-  if me != CHIEF:  # its progress lines would repeat the chief's
-    sys.stdout.flush()
-    stdout = os.dup(1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.close(devnull)
   try:
     yield
     barrier('end')
@@ -433,17 +423,13 @@ def joined(settings, fingerprint, quiet=True):
     raise
   finally:
     watchdog.end()
-    if stdout is not None:
-      sys.stdout.flush()
-      os.dup2(stdout, 1)
-      os.close(stdout)
     _leave()
 
 
 def _leave():
   """Leaves the run; the chief, whose process serves the coordinator,
   waits (a few seconds at most) for the others to leave first."""
-  if is_chief() and jax.process_count() > 1:
+  if is_chief() and is_distributed():
     deadline = time.time() + 10
     everyone = list(range(jax.process_count()))
     while time.time() < deadline:

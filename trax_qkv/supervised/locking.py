@@ -15,9 +15,8 @@ import socket
 import sys
 import time
 
-import jax
-
 from trax_qkv import files
+from trax_qkv.supervised import distributed
 
 LOCK_FILE = '.trax_qkv.lock'
 
@@ -35,7 +34,7 @@ def hold_output_dir(output_dir):
   symbolic link); the holder's line is written only once the lock is held.
   Processes other than the chief of a run hold nothing.
   """
-  if jax.process_index() != 0:
+  if not distributed.is_chief():
     yield
     return
   os.makedirs(output_dir, exist_ok=True)

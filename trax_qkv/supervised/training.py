@@ -24,7 +24,6 @@ from trax_qkv import files
 import trax_qkv.data  # the data configurables of our configs
 from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
-from trax_qkv.supervised import data_parallel
 from trax_qkv.supervised import distributed
 from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
@@ -163,7 +162,7 @@ def trainer_loop_class(loop_class):
   original = trainer_lib.training.Loop
   original_num_devices = trainer_lib.num_devices
   trainer_lib.training.Loop = loop_class
-  if data_parallel.is_distributed():
+  if distributed.is_distributed():
     trainer_lib.num_devices = lambda: (
       original_num_devices() or jax.device_count()
     )

@@ -112,7 +112,7 @@ def train_one(
   )
   # Every process of a run reads the step once the chief has completed the
   # checkpoint.
-  distributed.chief_first(checkpointing.finish_interrupted_save, output_dir)
+  distributed.chief_only(checkpointing.finish_interrupted_save, output_dir)
   done = checkpointing.checkpoint_step(output_dir)
   task = training.TrainTask(
     itertools.islice(itertools.cycle(train_batches), done + 1, None),
@@ -297,13 +297,12 @@ def run_validation(config, output_dir, log=print):
     )
 
   # Across processes the chief prepares the data; the others then read it.
-  data = distributed.chief_first(prepare_data) or prepare_data()
-  chief = distributed.is_chief()
+  data = distributed.chief_first(prepare_data)
   with locking.hold_output_dir(output_dir):
     config_lib.check_same_run(config, output_dir)
     for name in config.implementations:
       checkpointing.check_checkpoint_files(os.path.join(output_dir, name))
-    if chief:
+    if distributed.is_chief():
       config_lib.write_run_config(config, output_dir)
     corpus = prepare_corpus(config, data, log)
     # Attention maps of the bit-identical layers, else of the first model.
@@ -312,24 +311,13 @@ def run_validation(config, output_dir, log=print):
       if 'reference' in config.implementations
       else config.implementations[0]
     )
-    if not chief:  # it trains its share of every model; the chief does
-      for name in config.implementations:  # the rest
-        train_one(
-          config,
-          model_dir.transformer_fn(
-            model_settings(config, corpus.vocab.vocab_size, name)
-          ),
-          corpus.train_batches,
-          corpus.eval_batches,
-          os.path.join(output_dir, name),
-          log,
-        )
-      return None
     results, histories, decodes = {}, {}, {}
     for name in config.implementations:
       results[name], histories[name], decodes[name] = run_one(
         config, name, corpus, output_dir, name == mapped, log
       )
+    if not distributed.is_chief():
+      return None
     return write_summary(
       config, corpus, results, histories, decodes, output_dir
     )
@@ -338,7 +326,9 @@ def run_validation(config, output_dir, log=print):
 def run_one(config, name, corpus, output_dir, draw_maps, log=print):
   """Trains, decodes and scores the model of implementation `name`; writes
   its decodes (and attention maps if `draw_maps`). Returns (its results,
-  its per-step training losses, its greedy hypotheses)."""
+  its per-step training losses, its greedy hypotheses). As one process of
+  several, all train it; the chief alone writes, decodes and scores, and
+  the others return (None, None, None)."""
   settings = model_settings(config, corpus.vocab.vocab_size, name)
   log(
     f'== {name}: '
@@ -349,14 +339,17 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
   )
   model_fn = model_dir.transformer_fn(settings)
   run_dir = os.path.join(output_dir, name)
-  model_dir.save(
-    run_dir,
-    settings,
-    os.path.join(corpus.data.vocab_dir, corpus.data.vocab_file),
-  )
+  if distributed.is_chief():
+    model_dir.save(
+      run_dir,
+      settings,
+      os.path.join(corpus.data.vocab_dir, corpus.data.vocab_file),
+    )
   loop, seconds = train_one(
     config, model_fn, corpus.train_batches, corpus.eval_batches, run_dir, log
   )
+  if not distributed.is_chief():
+    return None, None, None
   checkpoint = os.path.join(run_dir, model_dir.CHECKPOINT)
   hypotheses, decode_seconds = decode_test(
     config, model_fn, checkpoint, corpus, len(corpus.source_ids), 1, log
