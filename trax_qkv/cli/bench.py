@@ -39,7 +39,7 @@ def build_parser():
     '(TransformerLM, Transformer; ~15 min) or loading a checkpoint of '
     "the Multi30k-sized model with Trax's reader and trax_qkv's (~2 "
     'min), or training it as 2 processes of 1 core against 1 process of '
-    '2 devices (~4 min); default layers and models',
+    '2 devices (~12 min); default layers and models',
   )
   return parser
 
