@@ -7,7 +7,6 @@ import tempfile
 import gin
 from helpers import assert_trees_equal
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import trax
@@ -16,7 +15,7 @@ from trax import shapes
 from trax.supervised import decoding as trax_decoding
 
 import trax_qkv
-from trax_qkv.data import EOS_ID
+from trax_qkv.benchmarks import python_loop_decoding
 from trax_qkv.supervised import decoding
 
 VOCAB = 40
@@ -165,50 +164,6 @@ def test_greedy_decoding_identical():
     assert np.array_equal(decoded['trax'], decoded['reference'])
 
 
-def test_beam_search_builtin_and_plugin_agree_and_one_beam_is_greedy():
-  model, src = _trained_eval_weights()
-  sources = [row.tolist() for row in src]
-  src_len, max_len = src.shape[1], 8
-  with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(tmp, 'model.pkl.gz')
-    model.save_to_file(path)
-    decoded = {}
-    for name in ('trax', 'reference'):
-      model_fn = functools.partial(_transformer, name, dropout=0.0, **CONFIG)
-
-      def prepared(rows, model_fn=model_fn):
-        return decoding.predict_model(model_fn, path, rows, src_len, max_len)
-
-      greedy = decoding.greedy_decode(prepared(3), sources, 3, src_len, max_len)
-      one_beam = decoding.beam_decode(
-        prepared(3), sources, 3, src_len, 1, max_len, alpha=0.0
-      )
-      # 2 sources of 3 beams at a time: the last batch is ragged.
-      three_beams = decoding.beam_decode(
-        prepared(6), sources, 2, src_len, 3, max_len, with_log_probs=True
-      )
-      decoded[name] = (greedy, one_beam, three_beams)
-  assert decoded['trax'] == decoded['reference']
-  greedy, one_beam, three_beams = decoded['reference']
-  assert one_beam == greedy  # one beam ranked by log-probability is greedy
-  assert len(three_beams) == 3
-  for hypothesis, _ in three_beams:
-    assert len(hypothesis) <= max_len and EOS_ID not in hypothesis
-  # The search's log-probabilities are the model's: teacher-force each
-  # hypothesis (+ EOS if it ended) in eval mode and sum the log-softmax.
-  # Wrong K/V caches after re-ordering beams would break this.
-  for source, (hypothesis, log_prob) in zip(src, three_beams):
-    target = np.array(
-      [hypothesis + ([EOS_ID] if len(hypothesis) < max_len else [])], np.int32
-    )
-    logits = model((source[None], target))[0]
-    log_softmax = jax.nn.log_softmax(logits[0], axis=-1)
-    expected = float(
-      jnp.sum(log_softmax[np.arange(target.shape[1]), target[0]])
-    )
-    np.testing.assert_allclose(log_prob, expected, rtol=1e-4, atol=1e-4)
-
-
 def test_predict_model_sizes_decoder_caches_only_in_its_scope():
   model, src = _trained_eval_weights()
   sources = [row.tolist() for row in src]
@@ -229,24 +184,10 @@ def test_predict_model_sizes_decoder_caches_only_in_its_scope():
     default = decoding.predict_model(model_fn, path, 3, src.shape[1])
     assert (longest_cache(short), longest_cache(default)) == (8, 2048)
     decoded = [
-      decoding.greedy_decode(m, sources, 3, src.shape[1], 8)
+      python_loop_decoding.greedy_decode(m, sources, 3, src.shape[1], 8)
       for m in (short, default)
     ]
   assert decoded[0] == decoded[1]
-
-
-def test_select_beams_moves_eos_to_finished_and_keeps_n_alive():
-  vocab = 4  # candidates of 2 beams x 4 tokens, EOS is token 1
-  candidates = np.log(
-    np.array([0.30, 0.25, 0.05, 0.02, 0.20, 0.10, 0.06, 0.02])
-  )
-  finished = []
-  scores, parents, tokens = decoding._select_beams(
-    candidates, 2, vocab, step=0, alpha=0.0, finished=finished
-  )
-  assert finished == [(candidates[1], candidates[1], 0)]  # beam 0 + EOS
-  assert parents.tolist() == [0, 1] and tokens.tolist() == [0, 0]
-  np.testing.assert_allclose(scores, candidates[[0, 4]])
 
 
 @pytest.mark.parametrize(

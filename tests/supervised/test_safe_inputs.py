@@ -6,6 +6,7 @@ not exist), and that nothing in the directory changed.
 """
 
 import gzip
+import io
 import json
 import os
 import pickle
@@ -543,9 +544,7 @@ def test_translate_refuses_what_the_model_cannot_take(
   )
 
   class BinaryStdin:
-    buffer = type(
-      'Buffer', (), {'read': lambda self: b'one\n\xff\xfe\x00binary\n'}
-    )()
+    buffer = io.BytesIO(b'one\n\xff\xfe\x00binary\n')
 
     def isatty(self):
       return False

@@ -28,7 +28,12 @@ def settle_seconds():
 
 
 def block_until_ready(tree):
-  return jax.tree_util.tree_map(lambda a: a.block_until_ready(), tree)
+  """Waits for the JAX arrays of `tree`; other leaves (NumPy, ints: the
+  results of host-side loops) are ready already."""
+  for leaf in jax.tree_util.tree_leaves(tree):
+    if isinstance(leaf, jax.Array):
+      leaf.block_until_ready()
+  return tree
 
 
 def interleaved_medians(fns, rounds, **timing):

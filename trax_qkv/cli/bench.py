@@ -4,17 +4,20 @@
   trax-qkv-bench --only models     # whole trax.models, trax_qkv in every site
   trax-qkv-bench --only checkpoints  # resuming: Trax's reader and ours
   trax-qkv-bench --only distributed  # 2 processes x 1 core vs 1 x 2 devices
+  trax-qkv-bench --only decoding   # greedy and beam search: compiled vs loop
   trax-qkv-bench --quick           # small shapes, a smoke test
 
 Prints each contender's time and its speed-up over the built-in, all
 measured interleaved in this one run, with the spread of the per-round
 ratios; writes bench.json / bench.md (layers) and bench_models.json /
 bench_models.md (models), bench_checkpoints.json / .md (checkpoints),
-bench_distributed.json / .md (processes) to --output_dir.
+bench_distributed.json / .md (processes), bench_decoding.json / .md
+(decoding) to --output_dir.
 """
 
 from trax_qkv import cli
 from trax_qkv.benchmarks import checkpoints as checkpoint_bench
+from trax_qkv.benchmarks import decoding as decoding_bench
 from trax_qkv.benchmarks import distributed as distributed_bench
 from trax_qkv.benchmarks import layers as bench
 from trax_qkv.benchmarks import models as model_bench
@@ -32,51 +35,49 @@ def build_parser():
   )
   parser.add_argument(
     '--only',
-    choices=('layers', 'models', 'checkpoints', 'distributed'),
+    choices=('layers', 'models', 'checkpoints', 'distributed', 'decoding'),
     default=None,
     help='run one part: the attention layers (AttentionQKV alone, ~15 '
     'min on 2 cores), whole trax.models with trax_qkv in every site '
     '(TransformerLM, Transformer; ~15 min) or loading a checkpoint of '
     "the Multi30k-sized model with Trax's reader and trax_qkv's (~2 "
     'min), or training it as 2 processes of 1 core against 1 process of '
-    '2 devices (~12 min); default layers and models',
+    "2 devices (~12 min), or decoding (Trax's sampler, the previous "
+    'Python loop and the compiled search, greedy and beam 4; ~6 min); '
+    'default layers and models',
   )
   return parser
 
 
+def _report(module, results, output_dir, name):
+  module.write(results, output_dir)
+  print(module.markdown(results))
+  print(f'written to {output_dir}/{name}.json and {name}.md')
+
+
 def main(argv=None):
   args = build_parser().parse_args(argv)
+  rounds, quick, out = args.rounds, args.quick, args.output_dir
   if args.only in (None, 'layers'):
-    results = bench.run(rounds=args.rounds, quick=args.quick)
-    bench.write(results, args.output_dir)
-    print(bench.markdown(results))
-    print(f'written to {args.output_dir}/bench.json and bench.md')
+    _report(bench, bench.run(rounds=rounds, quick=quick), out, 'bench')
   if args.only in (None, 'models'):
     results = model_bench.run(
-      rounds=min(args.rounds, model_bench.DEFAULT_ROUNDS), quick=args.quick
+      rounds=min(rounds, model_bench.DEFAULT_ROUNDS), quick=quick
     )
-    model_bench.write(results, args.output_dir)
-    print(model_bench.markdown(results))
-    print(f'written to {args.output_dir}/bench_models.json and bench_models.md')
+    _report(model_bench, results, out, 'bench_models')
   if args.only == 'checkpoints':
     results = checkpoint_bench.run(
-      rounds=max(args.rounds, checkpoint_bench.DEFAULT_ROUNDS)
+      rounds=max(rounds, checkpoint_bench.DEFAULT_ROUNDS)
     )
-    checkpoint_bench.write(results, args.output_dir)
-    print(checkpoint_bench.markdown(results))
-    print(
-      f'written to {args.output_dir}/bench_checkpoints.json and '
-      'bench_checkpoints.md'
-    )
+    _report(checkpoint_bench, results, out, 'bench_checkpoints')
   if args.only == 'distributed':
     results = distributed_bench.run(
-      rounds=min(args.rounds, distributed_bench.DEFAULT_ROUNDS),
-      scratch=args.output_dir,
+      rounds=min(rounds, distributed_bench.DEFAULT_ROUNDS), scratch=out
     )
-    distributed_bench.write(results, args.output_dir)
-    print(distributed_bench.markdown(results))
-    print(
-      f'written to {args.output_dir}/bench_distributed.json and '
-      'bench_distributed.md'
+    _report(distributed_bench, results, out, 'bench_distributed')
+  if args.only == 'decoding':
+    results = decoding_bench.run(
+      rounds=min(rounds, decoding_bench.DEFAULT_ROUNDS), quick=quick
     )
+    _report(decoding_bench, results, out, 'bench_decoding')
   return 0

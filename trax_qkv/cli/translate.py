@@ -7,14 +7,18 @@
 
 --model_dir is a model directory written by trax-qkv-validate (its
 checkpoint, model.json and vocabulary). Sentences come from the arguments,
-or one per line from standard input; one translation per line goes to
-standard output, progress to standard error.
+or one per line from standard input, read --chunk_size lines at a time;
+one translation per line goes to standard output, in input order, each
+chunk as soon as it is done; progress goes to standard error.
 """
 
 import argparse
 import sys
 
 from trax_qkv import cli
+
+# translation.CHUNK_SIZE, which --help cannot import without Trax.
+CHUNK_SIZE = 2048
 
 
 def build_parser():
@@ -41,9 +45,14 @@ def build_parser():
     '--max_length',
     type=cli.positive_int,
     default=None,
-    help='most tokens decoded per sentence (default: '
-    "twice the longest source + 10, within the model's "
-    'max_len)',
+    help='most tokens decoded per sentence (default: twice the longest '
+    "source of each chunk + 10, within the model's max_len)",
+  )
+  cli.add_positive_int(
+    parser,
+    '--chunk_size',
+    CHUNK_SIZE,
+    'lines read, sorted into batches by length and written at a time',
   )
   cli.add_attention_flag(parser)
   parser.add_argument(  # 0.2.0's flag; cli.attention_from_flags reads it
@@ -53,19 +62,17 @@ def build_parser():
 
 
 def read_lines(file, name):
-  """The lines of a binary file as text; ValueError names the first line
-  that is not UTF-8."""
-  lines = []
-  for number, line in enumerate(file.read().splitlines(), 1):
+  """The lines of a binary file as text, one at a time; ValueError names
+  the first line that is not UTF-8."""
+  for number, line in enumerate(file, 1):
     try:
-      lines.append(line.decode('utf-8'))
+      yield line.rstrip(b'\r\n').decode('utf-8')
     except UnicodeDecodeError as e:
       raise ValueError(
         f'{name} line {number} is not UTF-8 text ({e.reason} '
         f'at byte {e.start}); give one sentence per line in '
         'UTF-8.'
       ) from None
-  return lines
 
 
 def main(argv=None):
@@ -77,19 +84,20 @@ def main(argv=None):
     attention = cli.attention_from_flags(args)
     if not sentences and not sys.stdin.isatty():
       sentences = read_lines(sys.stdin.buffer, 'standard input')
-    translations = translation.translate(
+    for line in translation.translate_lines(
       args.model_dir,
       sentences,
+      chunk_size=args.chunk_size,
       n_beams=args.beam,
       alpha=args.alpha,
       attention=attention,
       batch_size=args.batch_size,
       max_length=args.max_length,
       log=lambda line: print(line, file=sys.stderr),
-    )
+    ):
+      print(line, flush=True)  # a line as soon as its chunk is done
   except ValueError as e:
+    sys.stdout.flush()
     print(f'error: {e}', file=sys.stderr)
     return 2
-  for line in translations:
-    print(line)
   return 0

@@ -1,23 +1,26 @@
 """Decoding a trained translation Transformer: greedy and beam search.
 
-Decoding runs the model in 'predict' mode, in batches of equal shape: every
-batch is padded to the same size and source length, so the jitted model
-compiles once, and the predict-mode state (encoder output and K/V caches) is
-reset to its initial value before each batch -- trax's
-`autoregressive_sample` does not reset it, and a second call would silently
-reuse the first call's encoder output.
+A `Decoder` runs the model in 'predict' mode as one compiled program per
+batch shape (`search.greedy_search` / `search.beam_search` under
+`jax.jit`): the predict-mode state (encoder output, K/V caches) starts
+from its initial value in every call -- trax's `autoregressive_sample`
+keeps it between calls -- and stays on the device until the batch is
+done. Sources are sorted by length and padded to a few bucket lengths, so
+a file of any size compiles a handful of programs; results come back in
+input order.
 """
 
 import contextlib
+import functools
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
-from trax import layers as tl
 from trax import shapes
-from trax.supervised import decoding
 
 from trax_qkv.data import EOS_ID
+from trax_qkv.supervised import search
 from trax_qkv.supervised.progress import Progress
 
 
@@ -43,14 +46,6 @@ def pad_rows(rows, width):
 DECODING_SCOPE = 'trax_qkv_decoding'
 
 
-def sentences_per_batch(batch_size, n_beams, n_sentences):
-  """Sentences decoded at once: `batch_size` greedily; with beam search
-  `batch_size // n_beams`, since the model then decodes n_beams rows per
-  sentence. At least 1, at most `n_sentences`."""
-  per_batch = batch_size if n_beams == 1 else batch_size // n_beams
-  return max(1, min(per_batch, n_sentences))
-
-
 def predict_model(
   model_fn, weights_file, batch_size, source_length, max_length=None
 ):
@@ -59,7 +54,7 @@ def predict_model(
   Args:
     model_fn: called as model_fn(mode='predict') -> Trax layer.
     weights_file: a Trax checkpoint (`model.pkl.gz`) or `save_to_file` file.
-    batch_size, source_length: the shape every decoding batch will have.
+    batch_size, source_length: the shape of the batches it starts with.
     max_length: the most tokens that will be decoded, if known. It sizes
       the decoder self-attention caches, which Trax makes 2048 positions
       long: every step attends over all of them (masked), and beam search
@@ -68,6 +63,16 @@ def predict_model(
       `trax_qkv.QkvCausalAttention`, scoped to DECODING_SCOPE, so that no
       other model sees it.
   """
+  model = _predict_layer(model_fn, max_length)
+  model.init_from_file(
+    weights_file,
+    weights_only=True,
+    input_signature=_signature(batch_size, source_length),
+  )
+  return model
+
+
+def _predict_layer(model_fn, max_length):
   if max_length:
     with gin.unlock_config():  # locked once a trainer has finalized it
       for layer in (
@@ -78,221 +83,152 @@ def predict_model(
           f'{DECODING_SCOPE}/{layer}.max_inference_length', max_length
         )
   with gin.config_scope(DECODING_SCOPE if max_length else None):
-    model = model_fn(mode='predict')
-  signature = shapes.signature(
-    (
-      np.zeros((batch_size, source_length), np.int32),
-      np.zeros((batch_size, 1), np.int32),
-    )
+    return model_fn(mode='predict')
+
+
+def _signature(rows, source_length):
+  return shapes.signature(
+    (np.zeros((rows, source_length), np.int32), np.zeros((rows, 1), np.int32))
   )
-  model.init_from_file(
-    weights_file, weights_only=True, input_signature=signature
-  )
-  return model
 
 
-def greedy_decode(
-  model, source_ids, batch_size, source_length, max_length, progress=None
-):
-  """Greedy decoding, `batch_size` sources at a time.
+def bucket_length(length, limit=None):
+  """The padded source length of a batch whose longest source has `length`
+  tokens: the next of 8, 12, 16, 24, 32, 48, 64, ... (each a half or a
+  third above the last), at most `limit`. Few lengths mean few compiled
+  programs; close ones mean little padding."""
+  bucket = 8
+  while bucket < length:
+    bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3
+  return max(length, min(bucket, limit or bucket))
 
-  Args:
-    model: from `predict_model(..., batch_size, source_length)`.
-    source_ids: lists of token ids (EOS included), none longer than
-      `source_length`.
-    batch_size, source_length: the shape `model` was prepared for.
-    max_length: most tokens decoded per source.
-    progress: if given, a `Progress` told of every batch.
 
-  Returns:
-    One list of token ids per source, without EOS.
+def batch_rows(remaining, batch_size):
+  """Sentences in the next batch: `batch_size`, or for the last one the
+  next power of two that holds the `remaining` ones (within batch_size),
+  so that a few sentences do not run as a full batch and the shapes stay
+  few."""
+  if remaining >= batch_size:
+    return batch_size
+  return min(batch_size, 1 << (remaining - 1).bit_length())
+
+
+class Decoder:
+  """Greedy decoding or beam search with one model, compiled per shape.
+
+  Each batch shape -- (sentences, padded source length, max_length) --
+  compiles one program (`search.greedy_search` or `search.beam_search`
+  under `jax.jit`), reused by every later batch of that shape.
+
+  Attributes:
+    compilations: how many programs were traced and compiled so far.
   """
-  too_long = [i for i, s in enumerate(source_ids) if len(s) > source_length]
-  if too_long:
-    raise ValueError(
-      f'source {too_long[0]} has {len(source_ids[too_long[0]])}'
-      f' tokens; the model was prepared for {source_length}.'
-    )
-  # Jitted once, reused for every batch; on one device, whatever this
-  # process has (the predict-mode state is per batch, not per device).
-  fast = tl.Accelerate(model, n_devices=1)
-  initial_state = model.state
-  outputs = []
-  for start in range(0, len(source_ids), batch_size):
-    rows = source_ids[start : start + batch_size]
-    batch = pad_rows(rows + [[]] * (batch_size - len(rows)), source_length)
-    fast.state = initial_state
-    tokens = decoding.autoregressive_sample(
-      fast,
-      batch,
-      batch_size=batch_size,
-      temperature=0.0,
-      max_length=max_length,
-      eos_id=EOS_ID,
-      accelerate=False,
-    )
-    outputs.extend(cut_at_eos(row) for row in np.asarray(tokens)[: len(rows)])
-    if progress is not None:
-      progress.update()
-  return outputs
 
+  def __init__(self, model_fn, weights_file, n_beams=1, alpha=0.6):
+    """
+    Args:
+      model_fn: called as model_fn(mode='predict') -> Trax layer.
+      weights_file: the model's checkpoint (`model.pkl.gz`), read once.
+      n_beams: 1 decodes greedily; more runs beam search with this many.
+      alpha: GNMT length penalty of beam search.
+    """
+    self.model_fn, self.weights_file = model_fn, weights_file
+    self.n_beams, self.alpha = n_beams, alpha
+    self.compilations = 0
+    self._weights = None
+    self._models = {}  # max_length -> (predict-mode model, jitted search)
+    self._states = {}  # (max_length, rows, source length) -> initial state
 
-def length_penalty(length, alpha):
-  """GNMT's ((5 + length) / 6) ** alpha; alpha 0 ranks by log-probability."""
-  return ((5.0 + length) / 6.0) ** alpha
-
-
-def _select_beams(candidates, n_beams, vocab_size, step, alpha, finished):
-  """One step of beam search for one source.
-
-  `candidates` are the flat (n_beams * vocab_size) scores of every beam
-  extended by every token. Candidates ending in EOS go to `finished`
-  (normalised by the length penalty); the best `n_beams` others stay alive.
-  Returns (scores, parent beams, tokens) of the alive ones.
-  """
-  scores = np.full(n_beams, -np.inf)
-  parents = np.zeros(n_beams, np.int64)
-  tokens = np.zeros(n_beams, np.int32)
-  alive = 0
-  # 2 * n_beams candidates always hold n_beams that do not end in EOS.
-  for index in np.argsort(-candidates)[: 2 * n_beams]:
-    if not np.isfinite(candidates[index]):
-      break
-    parent, token = divmod(int(index), vocab_size)
-    if token == EOS_ID:
-      finished.append(
-        (
-          candidates[index] / length_penalty(step + 1, alpha),
-          candidates[index],
-          parent,
+  def _prepared(self, max_length, rows, source_length):
+    """(model, program, initial state) for this batch shape. The model's
+    decoder caches hold `max_length` positions (`predict_model`)."""
+    if max_length not in self._models:
+      if self._weights is None:  # the first model reads the checkpoint
+        model = predict_model(
+          self.model_fn, self.weights_file, rows, source_length, max_length
         )
-      )
-    else:
-      scores[alive], parents[alive], tokens[alive] = (
-        candidates[index],
-        parent,
-        token,
-      )
-      alive += 1
-      if alive == n_beams:
-        break
-  return scores, parents, tokens
+        self._weights = model.weights
+        self._states[max_length, rows, source_length] = model.state
+      else:
+        model = _predict_layer(self.model_fn, max_length)
+      program = jax.jit(functools.partial(self._search, model, max_length))
+      self._models[max_length] = model, program
+    model, program = self._models[max_length]
+    key = (max_length, rows, source_length)
+    if key not in self._states:  # init sets the state's shapes
+      self._states[key] = model.init(_signature(rows, source_length))[1]
+    return model, program, self._states[key]
 
+  def _search(self, model, max_length, weights, state, rng, sources, active):
+    self.compilations += 1  # runs once per trace, i.e. per compilation
 
-def _gather_beams(state, order, rows):
-  """Each row of every batched state array replaced by row `order[i]`.
+    def step(state, tokens):
+      # One row per source, or (beam search after its first step) n_beams.
+      beams = tokens.shape[0] // sources.shape[0]
+      inputs = (jnp.repeat(sources, beams, axis=0), tokens)
+      outputs, state = model.pure_fn(inputs, weights, state, rng)
+      return outputs[0], state
 
-  Batched arrays have `rows` or a multiple of it as leading axis (the
-  decoder's K/V caches hold rows * heads, batch-major); scalars (cache
-  positions) are shared by all rows and stay.
-  """
-
-  def gather(x):
-    if not np.ndim(x) or x.shape[0] % rows:
-      return x
-    per_row = x.reshape((rows, x.shape[0] // rows) + x.shape[1:])
-    return per_row[order].reshape(x.shape)
-
-  return jax.tree_util.tree_map(gather, state)
-
-
-def beam_decode(
-  model,
-  source_ids,
-  batch_size,
-  source_length,
-  n_beams,
-  max_length,
-  alpha=0.6,
-  with_log_probs=False,
-  progress=None,
-):
-  """Beam search, `batch_size` sources (of `n_beams` rows each) at a time.
-
-  Each source runs as `n_beams` rows, and after every step each row's
-  predict-mode state (decoder K/V caches) is replaced by its parent
-  beam's. A hypothesis ends at EOS and is ranked by log-probability /
-  `length_penalty(length, alpha)`; a source is done when no alive beam can
-  still beat its best finished one. (Trax's own `beam_search` takes one
-  source at a time and ignores EOS.)
-
-  Args:
-    model: from `predict_model(..., batch_size * n_beams, source_length)`.
-    source_ids: lists of token ids (EOS included).
-    batch_size: sources per batch; source_length: their padded length.
-    n_beams: beams per source.
-    max_length: most tokens decoded per source.
-    alpha: GNMT length penalty.
-    with_log_probs: also return each hypothesis' log-probability.
-    progress: if given, a `Progress` told of every batch.
-
-  Returns:
-    Per source, the best hypothesis' token ids without EOS; with
-    `with_log_probs`, (ids, the model's log-probability of ids + EOS as
-    the search summed it).
-  """
-  rows = batch_size * n_beams
-  fast = tl.Accelerate(model, n_devices=1)  # as in greedy_decode
-  initial_state = model.state
-  bound = length_penalty(max_length, alpha)
-  outputs = []
-  for start in range(0, len(source_ids), batch_size):
-    sources = source_ids[start : start + batch_size]
-    batch = pad_rows(
-      sources + [[]] * (batch_size - len(sources)), source_length
+    if self.n_beams == 1:
+      return search.greedy_search(step, state, max_length, EOS_ID, active)
+    return search.beam_search(
+      step, state, self.n_beams, max_length, EOS_ID, self.alpha, active
     )
-    repeated = np.repeat(batch, n_beams, axis=0)
-    fast.state = initial_state
-    scores = np.full((batch_size, n_beams), -np.inf)
-    scores[:, 0] = 0.0  # all beams start equal: expand only the first
-    prefixes = np.zeros((batch_size, n_beams, 0), np.int32)
-    finished = [[] for _ in range(batch_size)]  # (score, log-prob, prefix)
-    token = np.zeros((rows, 1), np.int32)
-    for step in range(max_length):
-      logits = np.asarray(fast((repeated, token))[0][:, -1], np.float64)
-      log_probs = logits - logits.max(axis=-1, keepdims=True)
-      log_probs -= np.log(np.exp(log_probs).sum(axis=-1, keepdims=True))
-      vocab_size = log_probs.shape[-1]
-      candidates = scores[..., None] + log_probs.reshape(
-        batch_size, n_beams, vocab_size
+
+  def decode_batch(self, batch, n_real, max_length, with_log_probs=False):
+    """Hypotheses (ids without EOS) of the first `n_real` rows of `batch`,
+    an int32 (sentences, source length) array of padded sources, at most
+    `max_length` tokens each. With `with_log_probs` (beam search only),
+    (ids, the model's log-probability of ids + EOS as the search summed
+    it) instead."""
+    model, program, state = self._prepared(max_length, *batch.shape)
+    active = np.arange(len(batch)) < n_real
+    result = program(self._weights, state, model.rng, batch, active)
+    if self.n_beams == 1:
+      return [cut_at_eos(row) for row in np.asarray(result)[:n_real]]
+    tokens, lengths, log_probs = (np.asarray(x) for x in result)
+    ids = [tokens[i, : lengths[i]].tolist() for i in range(n_real)]
+    if with_log_probs:
+      return list(zip(ids, log_probs[:n_real].astype(float).tolist()))
+    return ids
+
+  def decode(
+    self, source_ids, batch_size, max_length, source_length=None,
+    progress=None, with_log_probs=False,
+  ):  # fmt: skip
+    """One hypothesis per source, in order (see `decode_batch`).
+
+    Sources are sorted by length (longest first) into batches of
+    `batch_size` sentences (`batch_rows` for the last), each padded to
+    `bucket_length` of its longest source, at most `source_length`.
+    """
+    order = sorted(range(len(source_ids)), key=lambda i: -len(source_ids[i]))
+    out = [None] * len(source_ids)
+    start = 0
+    while start < len(order):
+      rows = batch_rows(len(order) - start, batch_size)
+      chosen = order[start : start + rows]
+      start += rows
+      length = bucket_length(len(source_ids[chosen[0]]), source_length)
+      batch = pad_rows([source_ids[i] for i in chosen], length)
+      batch = np.pad(batch, ((0, rows - len(chosen)), (0, 0)))
+      decoded = self.decode_batch(
+        batch, len(chosen), max_length, with_log_probs
       )
-      parents = np.zeros((batch_size, n_beams), np.int64)
-      tokens = np.zeros((batch_size, n_beams), np.int32)
-      for b in range(batch_size):
-        ended = []
-        scores[b], parents[b], tokens[b] = _select_beams(
-          candidates[b].reshape(-1), n_beams, vocab_size, step, alpha, ended
-        )
-        finished[b] += [
-          (s, log_prob, prefixes[b, p].tolist()) for s, log_prob, p in ended
-        ]
-      prefixes = np.concatenate(
-        [
-          np.take_along_axis(prefixes, parents[..., None], axis=1),
-          tokens[..., None],
-        ],
-        axis=2,
-      )
-      order = (np.arange(batch_size)[:, None] * n_beams + parents).reshape(-1)
-      fast.state = _gather_beams(fast.state, order, rows)
-      token = tokens.reshape(rows, 1)
-      # Log-probabilities only fall as a beam grows, so an alive beam can
-      # score at most (its score now) / (the largest length penalty).
-      if all(
-        finished[b] and max(finished[b])[0] >= scores[b].max() / bound
-        for b in range(len(sources))
-      ):
-        break
-    for b in range(len(sources)):
-      if finished[b]:
-        _, log_prob, ids = max(finished[b], key=lambda f: f[0])
-      else:  # max_length reached without EOS: the best alive beam
-        best = int(np.argmax(scores[b]))
-        log_prob, ids = scores[b, best], prefixes[b, best].tolist()
-      outputs.append((ids, float(log_prob)) if with_log_probs else ids)
-    if progress is not None:
-      progress.update()
-  return outputs
+      for i, hypothesis in zip(chosen, decoded):
+        out[i] = hypothesis
+      if progress is not None:
+        progress.update()
+    return out
+
+
+def n_batches(n_sentences, batch_size):
+  """How many batches `Decoder.decode` makes of `n_sentences`."""
+  count = 0
+  while n_sentences > 0:
+    n_sentences -= batch_rows(n_sentences, batch_size)
+    count += 1
+  return count
 
 
 def decode(
@@ -314,39 +250,29 @@ def decode(
     model_fn: called as model_fn(mode='predict') -> Trax layer.
     weights_file: the model's checkpoint (`model.pkl.gz`).
     source_ids: lists of token ids, EOS included (`encode_sources`).
-    n_beams: 1 decodes greedily; more runs `beam_decode` with this many.
+    n_beams: 1 decodes greedily; more runs beam search with this many.
     alpha: GNMT length penalty of beam search.
-    batch_size: rows decoded at once; beam search takes
-      `batch_size // n_beams` sentences at a time (`sentences_per_batch`).
+    batch_size: sentences decoded at once (beam search runs n_beams rows
+      for each).
     max_length: most tokens decoded per sentence.
-    source_length: the length every batch is padded to (default: the
-      longest source), so the model compiles once.
+    source_length: the longest a batch is padded to (default: the longest
+      source); batches are padded to `bucket_length` within it.
     description, log: if `log` is given, a progress bar (or lines) named
       `description` goes to it.
 
   Returns:
     One list of token ids (no EOS) per source.
   """
-  source_length = source_length or max(len(s) for s in source_ids)
-  batch = sentences_per_batch(batch_size, n_beams, len(source_ids))
-  model = predict_model(
-    model_fn, weights_file, batch * n_beams, source_length, max_length
-  )
-  n_batches = -(-len(source_ids) // batch)
+  decoder = Decoder(model_fn, weights_file, n_beams, alpha)
   with (
-    Progress(n_batches, description, log) if log else contextlib.nullcontext()
+    Progress(n_batches(len(source_ids), batch_size), description, log)
+    if log
+    else contextlib.nullcontext()
   ) as progress:
-    if n_beams == 1:
-      return greedy_decode(
-        model, source_ids, batch, source_length, max_length, progress=progress
-      )
-    return beam_decode(
-      model,
+    return decoder.decode(
       source_ids,
-      batch,
-      source_length,
-      n_beams,
+      batch_size,
       max_length,
-      alpha=alpha,
-      progress=progress,
+      source_length or max(len(s) for s in source_ids),
+      progress,
     )

@@ -1,5 +1,7 @@
 """Translating sentences with a trained model directory."""
 
+import contextlib
+import itertools
 import math
 
 import numpy as np
@@ -9,6 +11,7 @@ from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
 from trax_qkv.supervised import model_dir as model_dir_lib
+from trax_qkv.supervised.progress import Progress
 
 
 def longest_output(settings):
@@ -23,10 +26,11 @@ def default_max_length(settings, source_length):
   return min(longest_output(settings), 2 * source_length + 10)
 
 
-def check_sources_fit(sources, settings, numbers):
+def check_sources_fit(sources, settings, numbers, done=0):
   """Raises ValueError naming the sentences (by `numbers`, 1-based) whose
-  subwords with EOS exceed the model's max_len, before anything is
-  decoded: the encoder has no positions for them."""
+  subwords with EOS exceed the model's max_len, before they are decoded:
+  the encoder has no positions for them. `done`: how many lines before
+  them were translated already (streaming)."""
   longest = settings['max_len']
   too_long = [
     (n, len(ids)) for n, ids in zip(numbers, sources) if len(ids) > longest
@@ -37,7 +41,10 @@ def check_sources_fit(sources, settings, numbers):
     raise ValueError(
       f'{len(too_long)} sentence(s) are longer than the model takes '
       f'({longest} subwords with EOS, its max_len): sentence {shown}'
-      f'{more}. Nothing was translated; split or shorten them.'
+      f'{more}. '
+      + (f'Lines 1-{done} were translated, ' if done else 'Nothing was ')
+      + ('none after them' if done else 'translated')
+      + '; split or shorten them.'
     )
 
 
@@ -52,6 +59,11 @@ def check_checkpoint(model, model_fn):
   checkpointing.check_checkpoint_fits(probe, model.path)
 
 
+# Lines translated together by `translate_lines`: sorted by length into
+# batches within a chunk, written in input order when the chunk is done.
+CHUNK_SIZE = 2048
+
+
 def translate(model_dir, sentences, **options):
   """One translation per sentence, greedy (n_beams 1) or by beam search.
 
@@ -64,20 +76,55 @@ def translate(model_dir, sentences, **options):
   Returns:
     One string per sentence ('' for a blank one).
   """
-  model = (
-    model_dir
-    if isinstance(model_dir, model_dir_lib.ModelDir)
-    else model_dir_lib.load(model_dir)
-  )
-  return [
+  return list(translate_lines(model_dir, sentences, **options))
+
+
+def translate_lines(model_dir, lines, chunk_size=CHUNK_SIZE, **options):
+  """Translations of `lines`, an iterable of strings, yielded in order.
+
+  Lines are read and translated `chunk_size` at a time, so a file of any
+  length streams through in bounded memory; every check that needs only
+  the arguments is made before the first line is read. A line that
+  cannot be translated (too long for the model) raises ValueError naming
+  it when its chunk comes, after the translations of earlier chunks.
+
+  Args:
+    model_dir, **options: as for `translate_ids`.
+    lines: source-language strings; a blank one translates to ''.
+    chunk_size: lines read and decoded at a time.
+  """
+  model, chunks = _prepared_chunks(model_dir, lines, chunk_size, **options)
+  return (
     model.vocab.decode(ids) if ids is not None else ''
-    for ids in translate_ids(model, sentences, **options)
-  ]
+    for chunk in chunks
+    for ids in chunk
+  )
 
 
-def translate_ids(
+def translate_ids(model_dir, sentences, **options):
+  """One list of token ids (no EOS) per sentence, None for a blank one.
+
+  Args:
+    model_dir: a directory written by trax-qkv-validate (or its ModelDir).
+    sentences: source-language strings; an empty one translates to ''.
+    **options:
+      n_beams, alpha: beam size and GNMT length penalty.
+      attention: {site: implementation} to decode with; sites not named
+        run what the model was trained with (the checkpoint fits every
+        one).
+      batch_size: sentences decoded at once.
+      max_length: most tokens decoded (default `default_max_length` of
+        the longest source of each chunk of lines).
+      log: if given, progress lines go to it (a bar on a terminal).
+  """
+  _, chunks = _prepared_chunks(model_dir, sentences, CHUNK_SIZE, **options)
+  return [ids for chunk in chunks for ids in chunk]
+
+
+def _prepared_chunks(
   model_dir,
-  sentences,
+  lines,
+  chunk_size,
   n_beams=1,
   alpha=0.6,
   attention=None,
@@ -85,24 +132,12 @@ def translate_ids(
   max_length=None,
   log=None,
 ):
-  """One list of token ids (no EOS) per sentence, None for a blank one.
-
-  Args:
-    model_dir: a directory written by trax-qkv-validate (or its ModelDir).
-    sentences: source-language strings; an empty one translates to ''.
-    n_beams, alpha: beam size and GNMT length penalty.
-    attention: {site: implementation} to decode with; sites not named run
-        what the model was trained with (the checkpoint fits every one).
-    batch_size: sentences decoded at once.
-    max_length: most tokens decoded (default `default_max_length`).
-    log: if given, progress lines go to it (a bar on a terminal).
-  """
-  if not sentences:
-    raise ValueError(
-      'no sentences to translate: give them as arguments or '
-      'one per line on standard input.'
-    )
-  for name, value in (('n_beams', n_beams), ('batch_size', batch_size)):
+  """(ModelDir, iterator of per-chunk id lists), every argument checked."""
+  for name, value in (
+    ('n_beams', n_beams),
+    ('batch_size', batch_size),
+    ('chunk_size', chunk_size),
+  ):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f'{name} must be a positive int; got {value!r}.')
   if (
@@ -127,28 +162,46 @@ def translate_ids(
       f'{model.settings["max_len"]}, less one for EOS); got '
       f'{max_length!r}.'
     )
+  lines = iter(lines)
+  first = list(itertools.islice(lines, chunk_size))
+  if not first:
+    raise ValueError(
+      'no sentences to translate: give them as arguments or '
+      'one per line on standard input.'
+    )
   model_fn = model_dir_lib.transformer_fn(model.settings, attention)
-  todo = [i for i, s in enumerate(sentences) if s.strip()]
-  sources = decoding.encode_sources(model.vocab, [sentences[i] for i in todo])
-  if not sources:
-    return [None] * len(sentences)
-  check_sources_fit(sources, model.settings, [i + 1 for i in todo])
-  source_length = max(len(s) for s in sources)
-  max_length = max_length or default_max_length(model.settings, source_length)
   check_checkpoint(model, model_fn)
-  ids = decoding.decode(
-    model_fn,
-    model.checkpoint,
-    sources,
-    n_beams=n_beams,
-    alpha=alpha,
-    batch_size=batch_size,
-    max_length=max_length,
-    source_length=source_length,
-    description='translating',
-    log=log,
-  )
-  out = [None] * len(sentences)
-  for i, hypothesis in zip(todo, ids):
-    out[i] = hypothesis
-  return out
+  decoder = decoding.Decoder(model_fn, model.checkpoint, n_beams, alpha)
+
+  def chunks():
+    chunk, start = first, 0
+    while chunk:
+      todo = [i for i, s in enumerate(chunk) if s.strip()]
+      out = [None] * len(chunk)
+      if todo:
+        sources = decoding.encode_sources(model.vocab, [chunk[i] for i in todo])
+        check_sources_fit(
+          sources, model.settings, [start + i + 1 for i in todo], start
+        )
+        limit = max_length or default_max_length(
+          model.settings, max(len(s) for s in sources)
+        )
+        with (
+          Progress(
+            decoding.n_batches(len(sources), batch_size),
+            'translating' if start == 0 else f'translating from line {start}',
+            log,
+          )
+          if log
+          else contextlib.nullcontext()
+        ) as progress:
+          ids = decoder.decode(
+            sources, batch_size, limit, model.settings['max_len'], progress
+          )
+        for i, hypothesis in zip(todo, ids):
+          out[i] = hypothesis
+      yield out
+      start += len(chunk)
+      chunk = list(itertools.islice(lines, chunk_size))
+
+  return model, chunks()

@@ -1,0 +1,279 @@
+"""The compiled search against release 0.3's per-token Python loop."""
+
+import functools
+import io
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import trax
+from trax import shapes
+
+import trax_qkv
+from trax_qkv.benchmarks import python_loop_decoding
+from trax_qkv.data import EOS_ID
+from trax_qkv.models import registry
+from trax_qkv.supervised import decoding
+from trax_qkv.supervised import search
+from trax_qkv.supervised import translation
+
+VOCAB = 40  # small enough that random weights often choose EOS
+CONFIG = dict(
+  d_model=32,
+  d_ff=64,
+  n_encoder_layers=2,
+  n_decoder_layers=2,
+  n_heads=4,
+  max_len=64,
+  dropout=0.0,
+)
+RELEASE_0_2_0 = os.path.join(
+  os.path.dirname(os.path.dirname(__file__)), 'fixtures', 'release_0.2.0'
+)
+
+
+def test_top_k_by_blocks_is_lax_top_k():
+  rs = np.random.RandomState(0)
+  for n in (33380, 4 * 8192, 700):
+    for trial in range(6):
+      x = rs.randn(5, n).astype(np.float32)
+      if trial % 2:
+        x = np.round(x, 1)  # many equal values: the order of ties counts
+      if trial % 3 == 0:
+        x[:, rs.randint(0, n, 100)] = -np.inf
+      for k in (2, 8):
+        expected = jax.lax.top_k(x, k)
+        got = jax.jit(search.top_k, static_argnums=1)(x, k)
+        assert np.array_equal(expected[0], got[0])
+        assert np.array_equal(expected[1], got[1])
+
+
+def test_one_step_of_beam_search_moves_eos_to_finished():
+  """Candidates of 2 beams x 4 tokens, EOS is token 1: beam 0 + EOS
+  finishes; the two best others go on; beam 1 + EOS ranks after them."""
+  candidates = np.log(
+    np.array([0.30, 0.25, 0.05, 0.02, 0.20, 0.10, 0.06, 0.02])
+  )
+  finished = []
+  scores, parents, tokens = python_loop_decoding._select_beams(
+    candidates, 2, 4, step=0, alpha=0.0, finished=finished
+  )
+  assert finished == [(candidates[1], candidates[1], 0)]
+  assert parents.tolist() == [0, 1] and tokens.tolist() == [0, 0]
+  np.testing.assert_allclose(scores, candidates[[0, 4]])
+  (new_scores, new_parents, new_tokens), (values, _, finishes) = search._select(
+    jnp.asarray(candidates[None], jnp.float32), 4, 2, EOS_ID
+  )
+  assert new_parents.tolist() == [[0, 1]] and new_tokens.tolist() == [[0, 0]]
+  np.testing.assert_allclose(new_scores[0], candidates[[0, 4]], rtol=1e-6)
+  np.testing.assert_allclose(
+    values[finishes], candidates[[1]], rtol=1e-6
+  )  # beam 1 + EOS (0.10) came after two that go on: not finished
+
+
+def test_bucket_lengths_and_batch_rows():
+  buckets = sorted({decoding.bucket_length(n) for n in range(1, 200)})
+  assert buckets == [8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+  assert decoding.bucket_length(13, limit=14) == 14
+  assert decoding.bucket_length(20, limit=16) == 20  # never shorter
+  assert [decoding.batch_rows(n, 32) for n in (100, 32, 31, 17, 16, 3, 1)] == [
+    32, 32, 32, 32, 16, 4, 1
+  ]  # fmt: skip
+  assert decoding.n_batches(100, 32) == 4  # 32, 32, 32, 4
+
+
+def _model_fn(attention, mode):
+  if attention == registry.BUILTIN:
+    return trax.models.Transformer(VOCAB, mode=mode, **CONFIG)
+  with trax_qkv.use_attention(**dict.fromkeys(registry.SITES, attention)):
+    return trax.models.Transformer(VOCAB, mode=mode, **CONFIG)
+
+
+@pytest.fixture(scope='module')
+def checkpoint(tmp_path_factory):
+  """Random weights of the small model, saved as Trax saves them; the
+  output layer's bias favours EOS, so that hypotheses end at all lengths."""
+  model = _model_fn(registry.BUILTIN, 'eval')
+  src = np.ones((1, 4), np.int32)
+  model.init(shapes.signature((src, src)), rng=jax.random.PRNGKey(3))
+  leaves, tree = jax.tree_util.tree_flatten(model.weights)
+  last = max(i for i, x in enumerate(leaves) if np.shape(x) == (VOCAB,))
+  leaves[last] = np.asarray(leaves[last]).copy()
+  leaves[last][EOS_ID] += 2.0
+  model.weights = jax.tree_util.tree_unflatten(tree, leaves)
+  path = str(tmp_path_factory.mktemp('decoding') / 'model.pkl.gz')
+  model.save_to_file(path)
+  return path, model
+
+
+def _sources(n=23, seed=0):
+  """`n` sources of 1 to 19 tokens with EOS, in no order of length."""
+  rs = np.random.RandomState(seed)
+  return [
+    rs.randint(2, VOCAB, rs.randint(0, 19)).tolist() + [EOS_ID]
+    for _ in range(n)
+  ]
+
+
+@pytest.mark.parametrize(
+  'attention,n_beams,alpha',
+  [
+    (registry.BUILTIN, 1, 0.6),
+    ('reference', 1, 0.6),
+    ('reference', 1, 0.0),
+    ('reference', 2, 0.6),
+    (registry.BUILTIN, 4, 0.6),
+    ('reference', 4, 0.6),
+    ('reference', 3, 0.0),
+  ],
+)
+def test_decodes_equal_the_python_loop(checkpoint, attention, n_beams, alpha):
+  """Every hypothesis (and beam search's log-probability) as the previous
+  implementation's, which padded every batch to the longest source and
+  took sources in input order: the compiled search sorts them into
+  length buckets. Ragged last batches on both sides."""
+  path, _ = checkpoint
+  model_fn = functools.partial(_model_fn, attention)
+  sources = _sources()
+  longest, max_length, batch = max(map(len, sources)), 12, 5
+  old = decoding.predict_model(
+    model_fn, path, batch * n_beams, longest, max_length
+  )
+  decoder = decoding.Decoder(model_fn, path, n_beams, alpha)
+  if n_beams == 1:  # greedy; with alpha 0, the loop's beam search of 1
+    expected = (
+      python_loop_decoding.greedy_decode(
+        old, sources, batch, longest, max_length
+      )
+      if alpha
+      else python_loop_decoding.beam_decode(
+        old, sources, batch, longest, 1, max_length, alpha=0.0
+      )
+    )
+    got = decoder.decode(sources, batch, max_length, longest)
+  else:
+    expected = python_loop_decoding.beam_decode(
+      old, sources, batch, longest, n_beams, max_length, alpha, True
+    )
+    got = decoder.decode(
+      sources, batch, max_length, longest, with_log_probs=True
+    )
+    np.testing.assert_allclose(
+      [log_prob for _, log_prob in got],
+      [log_prob for _, log_prob in expected],
+      rtol=1e-5,
+    )
+    expected, got = [e for e, _ in expected], [g for g, _ in got]
+  assert got == expected
+  # Not vacuous: some hypotheses end at EOS, some run to max_length.
+  lengths = {len(h) for h in got}
+  assert max(lengths) == max_length and min(lengths) < max_length
+
+
+@pytest.mark.parametrize('n_beams', [1, 3])
+def test_trax_and_reference_decode_alike(checkpoint, n_beams):
+  path, _ = checkpoint
+  sources = _sources(9, seed=4)
+  decoded = [
+    decoding.Decoder(
+      functools.partial(_model_fn, attention), path, n_beams
+    ).decode(sources, 4, 10)
+    for attention in (registry.BUILTIN, 'reference', 'auto')
+  ]
+  assert decoded[0] == decoded[1] == decoded[2]
+
+
+def test_beam_log_probs_are_the_models(checkpoint):
+  """Teacher-force each hypothesis (+ EOS if it ended) in eval mode: the
+  sum of its log-softmax is the search's score. Beams whose K/V caches
+  were not re-ordered with them would break this."""
+  path, eval_model = checkpoint
+  sources = _sources(6, seed=1)
+  decoder = decoding.Decoder(
+    functools.partial(_model_fn, 'reference'), path, 3, 0.6
+  )
+  got = decoder.decode(sources, 4, 10, with_log_probs=True)
+  for source, (hypothesis, log_prob) in zip(sources, got):
+    assert EOS_ID not in hypothesis
+    target = np.array(
+      [hypothesis + ([EOS_ID] if len(hypothesis) < 10 else [])], np.int32
+    )
+    logits = eval_model((np.array([source], np.int32), target))[0]
+    log_softmax = jax.nn.log_softmax(logits[0], axis=-1)
+    expected = jnp.sum(log_softmax[np.arange(target.shape[1]), target[0]])
+    np.testing.assert_allclose(log_prob, float(expected), rtol=1e-4, atol=1e-4)
+
+
+def test_one_program_per_batch_shape(checkpoint):
+  """A program is compiled once for each (sentences, bucket, max_length)
+  and then reused: decoding the same sources again compiles nothing."""
+  path, _ = checkpoint
+  decoder = decoding.Decoder(
+    functools.partial(_model_fn, 'reference'), path, n_beams=2
+  )
+  sources = _sources(40, seed=2)
+  lengths = sorted(map(len, sources), reverse=True)
+  # Batches of 8 sentences, longest first; the last holds the remaining 8.
+  shapes_used = {
+    (8, decoding.bucket_length(lengths[start])) for start in range(0, 40, 8)
+  }
+  assert len(shapes_used) >= 2  # more than one bucket, fewer than batches
+  first = decoder.decode(sources, 8, 6)
+  assert decoder.compilations == len(shapes_used)
+  assert decoder.decode(sources, 8, 6) == first
+  assert decoder.decode(sources[::-1], 8, 6) == first[::-1]
+  assert decoder.compilations == len(shapes_used)
+  decoder.decode(sources[:3], 8, 6)  # 3 sentences: a batch of 4 rows
+  decoder.decode(sources, 8, 7)  # another max_length: other programs
+  assert decoder.compilations == 2 * len(shapes_used) + 1
+
+
+def _release_sources():
+  with open(os.path.join(RELEASE_0_2_0, 'sources.txt'), encoding='utf-8') as f:
+    return f.read().splitlines()
+
+
+def _release_decodes(name):
+  with open(os.path.join(RELEASE_0_2_0, name), encoding='utf-8') as f:
+    return f.read().splitlines()
+
+
+def test_translation_streams_in_order():
+  """Lines are pulled a chunk at a time, and each chunk's translations
+  come out, in input order, before the next chunk is read."""
+  sources = _release_sources()
+  expected = _release_decodes('decodes_beam2.txt')
+  pulled = []
+
+  def lines():
+    for line in sources:
+      pulled.append(line)
+      yield line
+
+  out = translation.translate_lines(
+    RELEASE_0_2_0, lines(), chunk_size=3, n_beams=2, max_length=16
+  )
+  assert len(pulled) == 3  # the first chunk, read to check there is one
+  got = []
+  for translated in out:
+    got.append(translated)
+    assert len(pulled) == min(len(sources), 3 * (1 + (len(got) - 1) // 3))
+  assert got == expected
+
+
+def test_translate_command_streams_stdin(monkeypatch, capsys):
+  from trax_qkv.cli import translate
+
+  sources = _release_sources()
+  data = ('\r\n'.join(sources[:4]) + '\n\n' + '\n'.join(sources[4:])).encode()
+  monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(data)))
+  argv = ['--model_dir', RELEASE_0_2_0, '--max_length', '16']
+  assert translate.main(argv + ['--chunk_size', '2', '--batch_size', '3']) == 0
+  expected = _release_decodes('decodes_greedy.txt')
+  assert (
+    capsys.readouterr().out.splitlines() == expected[:4] + [''] + (expected[4:])
+  )
+  assert translate.CHUNK_SIZE == translation.CHUNK_SIZE
