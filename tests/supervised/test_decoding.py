@@ -130,11 +130,15 @@ def _sources(n=23, seed=0):
     ('reference', 3, 0.0),
   ],
 )
-def test_decodes_equal_the_python_loop(checkpoint, attention, n_beams, alpha):
+def test_decodes_equal_the_python_loop(
+  checkpoint, attention, n_beams, alpha, monkeypatch
+):
   """Every hypothesis (and beam search's log-probability) as the previous
   implementation's, which padded every batch to the longest source and
   took sources in input order: the compiled search sorts them into
-  length buckets. Ragged last batches on both sides."""
+  length buckets (here one per batch). Ragged last batches on both
+  sides."""
+  monkeypatch.setattr(decoding, 'MIN_BATCHES_PER_BUCKET', 1)
   path, _ = checkpoint
   model_fn = functools.partial(_model_fn, attention)
   sources = _sources()
@@ -207,28 +211,38 @@ def test_beam_log_probs_are_the_models(checkpoint):
     np.testing.assert_allclose(log_prob, float(expected), rtol=1e-4, atol=1e-4)
 
 
-def test_one_program_per_batch_shape(checkpoint):
+def test_batches_are_padded_to_few_lengths(monkeypatch):
+  lengths = [3, 30, 9, 5, 17, 2, 11, 8, 25, 4, 6]
+  plan = decoding.plan_batches(lengths, 2)
+  assert [lengths[i] for b, _ in plan for i in b] == sorted(lengths)[::-1]
+  assert {length for _, length in plan} == {32}  # 6 batches: one program
+  monkeypatch.setattr(decoding, 'MIN_BATCHES_PER_BUCKET', 3)
+  plan = decoding.plan_batches(lengths, 2, limit=28)
+  # 30 is padded to itself (the limit is shorter); then 17, 9 and 6 start
+  # buckets 24, 12 and 8, as 3 batches or more remain; the last 2 share 8.
+  assert [length for _, length in plan] == [30, 24, 12, 8, 8, 8]
+
+
+def test_one_program_per_batch_shape(checkpoint, monkeypatch):
   """A program is compiled once for each (sentences, bucket, max_length)
   and then reused: decoding the same sources again compiles nothing."""
+  monkeypatch.setattr(decoding, 'MIN_BATCHES_PER_BUCKET', 2)
   path, _ = checkpoint
   decoder = decoding.Decoder(
     functools.partial(_model_fn, 'reference'), path, n_beams=2
   )
   sources = _sources(40, seed=2)
-  lengths = sorted(map(len, sources), reverse=True)
-  # Batches of 8 sentences, longest first; the last holds the remaining 8.
-  shapes_used = {
-    (8, decoding.bucket_length(lengths[start])) for start in range(0, 40, 8)
-  }
-  assert len(shapes_used) >= 2  # more than one bucket, fewer than batches
+  plan = decoding.plan_batches([len(s) for s in sources], 8)
+  n_shapes = len({length for _, length in plan})
+  assert 2 <= n_shapes < len(plan)  # more than one bucket, fewer than batches
   first = decoder.decode(sources, 8, 6)
-  assert decoder.compilations == len(shapes_used)
+  assert decoder.compilations == n_shapes
   assert decoder.decode(sources, 8, 6) == first
   assert decoder.decode(sources[::-1], 8, 6) == first[::-1]
-  assert decoder.compilations == len(shapes_used)
-  decoder.decode(sources[:3], 8, 6)  # 3 sentences: a batch of 4 rows
+  assert decoder.compilations == n_shapes
+  decoder.decode(sources[:3], 8, 6)  # 3 sentences: one batch of 4 rows
   decoder.decode(sources, 8, 7)  # another max_length: other programs
-  assert decoder.compilations == 2 * len(shapes_used) + 1
+  assert decoder.compilations == 2 * n_shapes + 1
 
 
 def _release_sources():

@@ -29,7 +29,11 @@ def length_penalty(length, alpha):
 
 
 def _log_probs(logits):
-  return jax.nn.log_softmax(logits[:, -1, :].astype(jnp.float32), axis=-1)
+  """The last position's log-softmax, as Trax's `tl.log_softmax` computes
+  it (x - logsumexp(x)): greedy decoding takes its argmax, as Trax's
+  sampler at temperature 0 does, and rounding decides near-ties."""
+  x = logits[:, -1, :].astype(jnp.float32)
+  return x - jax.scipy.special.logsumexp(x, axis=-1, keepdims=True)
 
 
 def greedy_search(step, state, max_length, eos_id, active):
