@@ -109,14 +109,17 @@ def bucket_length(length, limit=None):
 MIN_BATCHES_PER_BUCKET = 256
 
 
+def n_batches(n_sentences, batch_size):
+  """How many batches `Decoder.decode` makes of `n_sentences`."""
+  return -(-n_sentences // batch_size)
+
+
 def batch_rows(n_sentences, batch_size):
-  """Sentences per batch: `batch_size`, or for fewer sentences than that
-  the next power of two that holds them. Every batch of a call has this
-  size (the last is filled with empty rows): one more program would cost
-  more than the empty rows."""
-  if n_sentences >= batch_size:
-    return batch_size
-  return min(batch_size, 1 << (n_sentences - 1).bit_length())
+  """Sentences per batch: as many batches as `batch_size` needs, all of
+  one size (one program), as even as can be -- 100 sentences at
+  batch_size 32 run as 4 batches of 25, not 32, 32, 32 and 4 padded to
+  32. A further program would cost more than a few empty rows."""
+  return -(-n_sentences // n_batches(n_sentences, batch_size))
 
 
 def plan_batches(lengths, batch_size, limit=None):
@@ -239,11 +242,6 @@ class Decoder:
       if progress is not None:
         progress.update()
     return out
-
-
-def n_batches(n_sentences, batch_size):
-  """How many batches `Decoder.decode` makes of `n_sentences`."""
-  return -(-n_sentences // batch_rows(n_sentences, batch_size))
 
 
 def decode(
