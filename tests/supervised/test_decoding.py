@@ -44,6 +44,9 @@ def test_top_k_by_blocks_is_lax_top_k():
         x = np.round(x, 1)  # many equal values: the order of ties counts
       if trial % 3 == 0:
         x[:, rs.randint(0, n, 100)] = -np.inf
+      if trial == 5:  # fewer finite values than k: -inf ones, in order
+        x[:, 3:] = -np.inf
+        x[:, rs.randint(0, n, 2)] = 1.0
       for k in (2, 8):
         expected = jax.lax.top_k(x, k)
         got = jax.jit(search.top_k, static_argnums=1)(x, k)
