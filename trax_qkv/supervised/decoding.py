@@ -103,9 +103,9 @@ def bucket_length(length, limit=None):
   return max(length, min(bucket, limit or bucket))
 
 
-# A shorter bucket is worth its own program only over many batches: for
-# the Multi30k-sized model compiling one took 3-6 s, while padding a batch
-# of 32 sources from 24 to 32 tokens cost 16-20 ms (docs/decoding.md).
+# A shorter bucket is worth its own program only over many batches:
+# compiling one costs as much as the padding of a few hundred batches
+# (measured in docs/decoding.md).
 MIN_BATCHES_PER_BUCKET = 256
 
 
