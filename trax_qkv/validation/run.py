@@ -209,7 +209,7 @@ def decode_test(
   config, model_fn, checkpoint, corpus, n_sentences, n_beams, log=print
 ):
   """(hypotheses, seconds) of the first `n_sentences` test sentences."""
-  batch = min(config.decode_batch_size, n_sentences)
+  batch = decoding.batch_rows(n_sentences, config.decode_batch_size)
   how = 'greedy' if n_beams == 1 else f'beam search, {n_beams} beams'
   log(f'decoding {n_sentences} test sentences ({how}, {batch} at a time) ...')
   start = time.time()
