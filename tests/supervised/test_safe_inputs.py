@@ -19,6 +19,7 @@ import threading
 from helpers import CONFIGS
 from helpers import command
 from helpers import tiny_train_bindings
+from helpers import tiny_validate_flags
 import numpy as np
 import pytest
 import trax
@@ -124,38 +125,14 @@ def _refused(capsys, argv_main, snapshot_dir, match):
 
 
 def _validate_argv(run, out, steps=6):
-  return [
-    '--dataset',
-    'trax_qkv_numbers/tiny',
-    '--data_dir',
-    str(run / 'tfds'),
-    '--vocab_size',
-    '200',
-    '--d_model',
-    '16',
-    '--d_ff',
-    '32',
-    '--n_layers',
-    '1',
-    '--n_heads',
-    '2',
-    '--steps',
-    str(steps),
-    '--eval_every',
-    '3',
-    '--batch_size',
-    '8',
-    '--implementations',
-    'reference',
-    '--max_test_sentences',
-    '2',
-    '--beam_sentences',
-    '0',
-    '--heatmap_sentences',
-    '0',
-    '--output_dir',
-    str(out),
-  ]
+  # The tiny run, smaller still (a later flag wins) and without beams or
+  # heat maps.
+  return tiny_validate_flags(
+    run / 'tfds', out, steps, 3,
+    '--d_model', '16', '--d_ff', '32', '--batch_size', '8',
+    '--implementations', 'reference', '--max_test_sentences', '2',
+    '--beam_sentences', '0', '--heatmap_sentences', '0',
+  )  # fmt: skip
 
 
 def _train_argv(run, out, steps=4, eval_frequency=2):

@@ -34,6 +34,7 @@ from trax.supervised import decoding as trax_decoding
 from trax_qkv.benchmarks import models
 from trax_qkv.benchmarks import python_loop_decoding
 from trax_qkv.benchmarks import timing
+from trax_qkv.data import EOS_ID
 from trax_qkv.supervised import decoding
 from trax_qkv.supervised import search
 
@@ -43,11 +44,6 @@ QUICK_TRANSLATION = dict(sources=6, source_length=8, tokens=6, batch=4)
 LM = dict(rows=8, tokens=64)
 QUICK_LM = dict(rows=2, tokens=8)
 N_BEAMS = 4
-EOS_ID = 1
-
-
-def _translation_model(mode):
-  return models.translation_model(mode)
 
 
 def _quick_translation_model(mode):
@@ -78,7 +74,7 @@ def translation_case(quick=False, log=print):
   """Contenders -> zero-argument callables, and the FLOPs each call does,
   for the Transformer: {(search, contender): (fn, flops)}."""
   shape = QUICK_TRANSLATION if quick else TRANSLATION
-  model_fn = _quick_translation_model if quick else _translation_model
+  model_fn = _quick_translation_model if quick else models.translation_model
   vocab = 512 if quick else models.VOCAB_SIZES[models.translation_model]
   n, length = shape['sources'], shape['source_length']
   tokens, batch = shape['tokens'], shape['batch']
@@ -94,20 +90,15 @@ def translation_case(quick=False, log=print):
     rng=jax.random.PRNGKey(0),
   )
   model.save_to_file(path)
-  encoder, per_token = translation_flops(
-    decoding.predict_model(model_fn, path, batch, length, tokens),
-    batch,
-    length,
-  )
+  greedy_model = decoding.predict_model(model_fn, path, batch, length, tokens)
+  encoder, per_token = translation_flops(greedy_model, batch, length)
   log(
     f'  XLA FLOPs: encoder {encoder / 1e6:.1f} M per source, decoder '
     f'{per_token / 1e6:.2f} M per row and token'
   )
   greedy_flops = n * (encoder + tokens * per_token)
   beam_flops = n * (encoder + per_token + (tokens - 1) * N_BEAMS * per_token)
-  loop_greedy = python_loop_decoding.accelerated(
-    decoding.predict_model(model_fn, path, batch, length, tokens)
-  )
+  loop_greedy = python_loop_decoding.accelerated(greedy_model)
   loop_beam = python_loop_decoding.accelerated(
     decoding.predict_model(model_fn, path, batch * N_BEAMS, length, tokens)
   )
@@ -166,12 +157,9 @@ def lm_case(quick=False):
   rows, tokens = shape['rows'], shape['tokens']
   first = np.zeros((rows, 1), np.int32)
 
-  def model_fn(mode):
-    return models._lm(mode)
-
-  sized = decoding._predict_layer(model_fn, tokens)
+  sized = decoding._predict_layer(models._lm, tokens)
   sized.init(shapes.signature(first), rng=jax.random.PRNGKey(0))
-  sampler = model_fn('predict')
+  sampler = models._lm('predict')
   sampler.init(shapes.signature(first), rng=jax.random.PRNGKey(0))
   per_token, _ = _step_flops(sized, first, sized.state)
   flops = tokens * per_token

@@ -223,24 +223,30 @@ class Decoder:
 
   def decode(
     self, source_ids, batch_size, max_length, source_length=None,
-    progress=None, with_log_probs=False,
+    with_log_probs=False, description='decoding', log=None,
   ):  # fmt: skip
     """One hypothesis per source, in order (see `decode_batch`), in the
     batches of `plan_batches` (padded source length at most
-    `source_length`)."""
+    `source_length`). If `log` is given, a progress bar (or lines) named
+    `description` goes to it."""
     lengths = [len(s) for s in source_ids]
     rows = batch_rows(len(source_ids), batch_size)
+    plan = plan_batches(lengths, batch_size, source_length)
     out = [None] * len(source_ids)
-    for chosen, length in plan_batches(lengths, batch_size, source_length):
-      batch = pad_rows([source_ids[i] for i in chosen], length)
-      batch = np.pad(batch, ((0, rows - len(chosen)), (0, 0)))
-      decoded = self.decode_batch(
-        batch, len(chosen), max_length, with_log_probs
-      )
-      for i, hypothesis in zip(chosen, decoded):
-        out[i] = hypothesis
-      if progress is not None:
-        progress.update()
+    with (
+      Progress(len(plan), description, log) if log else contextlib.nullcontext()
+    ) as progress:
+      for chosen, length in plan:
+        batch = pad_rows(
+          [source_ids[i] for i in chosen] + [[]] * (rows - len(chosen)), length
+        )
+        decoded = self.decode_batch(
+          batch, len(chosen), max_length, with_log_probs
+        )
+        for i, hypothesis in zip(chosen, decoded):
+          out[i] = hypothesis
+        if progress is not None:
+          progress.update()
     return out
 
 
@@ -256,8 +262,8 @@ def decode(
   description='decoding',
   log=None,
 ):
-  """Decodes `source_ids` with the model of `weights_file`: the one
-  sequence that trax-qkv-translate and the main job run.
+  """Decodes `source_ids` with the model of `weights_file` in one call of
+  a new `Decoder` (the main job's test decodes).
 
   Args:
     model_fn: called as model_fn(mode='predict') -> Trax layer.
@@ -270,22 +276,16 @@ def decode(
     max_length: most tokens decoded per sentence.
     source_length: the longest a batch is padded to (default: the longest
       source); batches are padded to `bucket_length` within it.
-    description, log: if `log` is given, a progress bar (or lines) named
-      `description` goes to it.
+    description, log: as for `Decoder.decode`.
 
   Returns:
     One list of token ids (no EOS) per source.
   """
-  decoder = Decoder(model_fn, weights_file, n_beams, alpha)
-  with (
-    Progress(n_batches(len(source_ids), batch_size), description, log)
-    if log
-    else contextlib.nullcontext()
-  ) as progress:
-    return decoder.decode(
-      source_ids,
-      batch_size,
-      max_length,
-      source_length or max(len(s) for s in source_ids),
-      progress,
-    )
+  return Decoder(model_fn, weights_file, n_beams, alpha).decode(
+    source_ids,
+    batch_size,
+    max_length,
+    source_length or max(len(s) for s in source_ids),
+    description=description,
+    log=log,
+  )

@@ -1,6 +1,5 @@
 """Translating sentences with a trained model directory."""
 
-import contextlib
 import itertools
 import math
 
@@ -11,7 +10,6 @@ from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
 from trax_qkv.supervised import model_dir as model_dir_lib
-from trax_qkv.supervised.progress import Progress
 
 
 def longest_output(settings):
@@ -186,18 +184,16 @@ def _prepared_chunks(
         limit = max_length or default_max_length(
           model.settings, max(len(s) for s in sources)
         )
-        with (
-          Progress(
-            decoding.n_batches(len(sources), batch_size),
-            'translating' if start == 0 else f'translating from line {start}',
-            log,
-          )
-          if log
-          else contextlib.nullcontext()
-        ) as progress:
-          ids = decoder.decode(
-            sources, batch_size, limit, model.settings['max_len'], progress
-          )
+        ids = decoder.decode(
+          sources,
+          batch_size,
+          limit,
+          model.settings['max_len'],
+          description='translating'
+          if start == 0
+          else f'translating from line {start}',
+          log=log,
+        )
         for i, hypothesis in zip(todo, ids):
           out[i] = hypothesis
       yield out
