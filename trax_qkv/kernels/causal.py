@@ -3,10 +3,10 @@
 Causal self-attention lets query i see keys 0..i, so half of the (L, L)
 logits that the reference computes -- and then masks -- are wasted. Here
 queries and keys are cut into blocks of `block_size` positions; query block i
-visits key blocks 0..i with an online softmax (as flash attention does), and
-only the diagonal block is masked. The hand-written backward pass visits the
-same blocks, recomputing each block's weights from the saved logsumexp, so
-memory holds one step's logits, not (L, L) of them.
+visits key blocks 0..i-1 with an online softmax (as flash attention does),
+unmasked, and then its diagonal block, masked. The hand-written backward
+pass visits the same blocks, recomputing each block's weights from the
+saved logsumexp, so memory holds one step's logits, not (L, L) of them.
 
 Inputs carry the heads in the batch axis, (batch * heads, L, d_head), as
 `trax.layers.DotProductCausalAttention` receives them. A loop step takes
@@ -27,7 +27,13 @@ import jax.numpy as jnp
 from trax_qkv.kernels import common
 from trax_qkv.kernels.reference import MASK_FILL
 
-DEFAULT_BLOCK_SIZE = 128  # positions per query and key block
+# Positions per query and key block. XLA:CPU runs a (2, 512, 64) batched
+# matmul near the matmul rate and a (16, 128, 64) one at half of it, which
+# outweighs the masked half of the diagonal blocks that larger blocks
+# compute (docs/benchmarks.md: "Causal block size").
+DEFAULT_BLOCK_SIZE = 512
+# Cache positions per step of predict mode: an early token reads few.
+CACHE_BLOCK_SIZE = 128
 
 
 def _tiles(rows, length, block_size, target):
@@ -66,13 +72,25 @@ class _Blocks:
   def write(self, x, values, row, block):
     return common.write_tile(x, values, (row, block * self.block))
 
-  def logits(self, q_block, k_block, i, j):
+  def read_t(self, x, row, block):
+    """The (rows, d, block) tile of a transposed (rows, d, L) array."""
+    return jax.lax.dynamic_slice(
+      x, (row, 0, block * self.block), (self.tile_rows, x.shape[1], self.block)
+    )
+
+  def write_t(self, x, values, row, block):
+    return jax.lax.dynamic_update_slice(x, values, (row, 0, block * self.block))
+
+  def logits(self, q_block, k_block, on_diagonal):
     """Masked only on the diagonal: every key of an earlier block is
-    before every query of block i."""
+    before every query of block i, so the blocks before it skip the pass
+    over the mask."""
     logits = jnp.einsum(
       'gqd,gkd->gqk', q_block, k_block, preferred_element_type=jnp.float32
     )
-    return jnp.where((i != j) | self.diagonal, logits, MASK_FILL)
+    if not on_diagonal:
+      return logits
+    return jnp.where(self.diagonal, logits, MASK_FILL)
 
   def keep(self, rng, rate, step, j, shape):
     if rate == 0.0:
@@ -101,8 +119,8 @@ def _causal_forward(q, k, v, tiles, rate, rng):
     row, i = blocks.origin(step)
     q_block = blocks.read(q, row, i)
 
-    def one_key_block(j, inner):
-      logits = blocks.logits(q_block, blocks.read(k, row, j), i, j)
+    def one_key_block(j, inner, on_diagonal=False):
+      logits = blocks.logits(q_block, blocks.read(k, row, j), on_diagonal)
       keep = blocks.keep(rng, rate, step, j, logits.shape)
       return common.online_softmax_update(
         inner,
@@ -112,9 +130,9 @@ def _causal_forward(q, k, v, tiles, rate, rng):
       )
 
     shape = (blocks.tile_rows, blocks.block, 1)
-    running_max, denominator, numerator = jax.lax.fori_loop(
+    inner = jax.lax.fori_loop(
       0,
-      i + 1,
+      i,
       one_key_block,
       (
         jnp.full(shape, common.NEG_INF, jnp.float32),
@@ -122,6 +140,7 @@ def _causal_forward(q, k, v, tiles, rate, rng):
         jnp.zeros(shape[:2] + (v.shape[-1],), jnp.float32),
       ),
     )
+    running_max, denominator, numerator = one_key_block(i, inner, True)
     step_lse = running_max + jnp.log(denominator)
     return (
       blocks.write(out, numerator / denominator, row, i),
@@ -137,23 +156,28 @@ def _causal_forward(q, k, v, tiles, rate, rng):
 def _causal_backward(tiles, rate, residuals, d_out):
   """Flash-attention's backward over the same blocks: per query block, the
   weights of key blocks 0..i are recomputed from the saved logsumexp; dQ
-  gathers in the step, dK and dV are added into their key block."""
+  gathers in the step, dK and dV are added into their key block.
+
+  dK and dV are accumulated transposed, (rows, d, L): XLA:CPU runs
+  'gqd,gqk->gdk' several times faster than 'gqk,gqd->gkd' at these shapes
+  (docs/benchmarks.md: "Einsum order in the backward pass")."""
   q, k, v, rng, out, lse = residuals
   blocks = _Blocks(q, tiles)
   row_sums_all = jnp.sum(d_out * out, axis=-1, keepdims=True)
 
   def one_step(step, carry):
-    d_q, d_k, d_v = carry
+    d_q, d_k_t, d_v_t = carry
     row, i = blocks.origin(step)
     q_block = blocks.read(q, row, i)
     d_out_block = blocks.read(d_out, row, i)
     lse_block = blocks.read(lse, row, i)
     row_sums = blocks.read(row_sums_all, row, i)
 
-    def one_key_block(j, inner):
-      d_q_block, d_k, d_v = inner
+    def one_key_block(j, inner, on_diagonal=False):
+      d_q_block, d_k_t, d_v_t = inner
       k_block, v_block = blocks.read(k, row, j), blocks.read(v, row, j)
-      weights = jnp.exp(blocks.logits(q_block, k_block, i, j) - lse_block)
+      logits = blocks.logits(q_block, k_block, on_diagonal)
+      weights = jnp.exp(logits - lse_block)
       d_weights = jnp.einsum('gqd,gkd->gqk', d_out_block, v_block)
       kept, d_logits = common.softmax_backward(
         weights,
@@ -164,29 +188,41 @@ def _causal_backward(tiles, rate, residuals, d_out):
         blocks.keep(rng, rate, step, j, weights.shape),
       )
       d_q_block = d_q_block + jnp.einsum('gqk,gkd->gqd', d_logits, k_block)
-      d_k = blocks.write(
-        d_k,
-        blocks.read(d_k, row, j)
-        + jnp.einsum('gqk,gqd->gkd', d_logits, q_block),
+      d_k_t = blocks.write_t(
+        d_k_t,
+        blocks.read_t(d_k_t, row, j)
+        + jnp.einsum('gqd,gqk->gdk', q_block, d_logits),
         row,
         j,
       )
-      d_v = blocks.write(
-        d_v,
-        blocks.read(d_v, row, j)
-        + jnp.einsum('gqk,gqd->gkd', kept, d_out_block),
+      d_v_t = blocks.write_t(
+        d_v_t,
+        blocks.read_t(d_v_t, row, j)
+        + jnp.einsum('gqd,gqk->gdk', d_out_block, kept),
         row,
         j,
       )
-      return d_q_block, d_k, d_v
+      return d_q_block, d_k_t, d_v_t
 
-    d_q_block, d_k, d_v = jax.lax.fori_loop(
-      0, i + 1, one_key_block, (jnp.zeros(q_block.shape, jnp.float32), d_k, d_v)
+    inner = jax.lax.fori_loop(
+      0,
+      i,
+      one_key_block,
+      (jnp.zeros(q_block.shape, jnp.float32), d_k_t, d_v_t),
     )
-    return blocks.write(d_q, d_q_block * blocks.scale, row, i), d_k, d_v
+    d_q_block, d_k_t, d_v_t = one_key_block(i, inner, True)
+    return blocks.write(d_q, d_q_block * blocks.scale, row, i), d_k_t, d_v_t
 
-  zeros = tuple(jnp.zeros(x.shape, jnp.float32) for x in (q, k, v))
-  d_q, d_k, d_v = jax.lax.fori_loop(0, blocks.n_steps, one_step, zeros)
+  transposed = lambda x: jnp.zeros(
+    (x.shape[0], x.shape[2], x.shape[1]), jnp.float32
+  )
+  d_q, d_k_t, d_v_t = jax.lax.fori_loop(
+    0,
+    blocks.n_steps,
+    one_step,
+    (jnp.zeros(q.shape, jnp.float32), transposed(k), transposed(v)),
+  )
+  d_k, d_v = jnp.swapaxes(d_k_t, 1, 2), jnp.swapaxes(d_v_t, 1, 2)
   return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None)
 
 
@@ -228,7 +264,7 @@ def causal_attention(
   return out[:, :length]
 
 
-def cached_attention(q, ks, vs, index, block_size=DEFAULT_BLOCK_SIZE):
+def cached_attention(q, ks, vs, index, block_size=CACHE_BLOCK_SIZE):
   """Predict mode: new queries over the filled part of a key/value cache.
 
   Args:
