@@ -5,6 +5,7 @@
   trax-qkv-bench --only checkpoints  # resuming: Trax's reader and ours
   trax-qkv-bench --only distributed  # 2 processes x 1 core vs 1 x 2 devices
   trax-qkv-bench --only decoding   # greedy and beam search: compiled vs loop
+  trax-qkv-bench --only roof       # attention layers against the matmul rate
   trax-qkv-bench --quick           # small shapes, a smoke test
 
 Prints each contender's time and its speed-up over the built-in, all
@@ -12,7 +13,7 @@ measured interleaved in this one run, with the spread of the per-round
 ratios; writes bench.json / bench.md (layers) and bench_models.json /
 bench_models.md (models), bench_checkpoints.json / .md (checkpoints),
 bench_distributed.json / .md (processes), bench_decoding.json / .md
-(decoding) to --output_dir.
+(decoding), bench_roof.json / .md (roof) to --output_dir.
 """
 
 from trax_qkv import cli
@@ -21,6 +22,7 @@ from trax_qkv.benchmarks import decoding as decoding_bench
 from trax_qkv.benchmarks import distributed as distributed_bench
 from trax_qkv.benchmarks import layers as bench
 from trax_qkv.benchmarks import models as model_bench
+from trax_qkv.benchmarks import roof as roof_bench
 
 
 def build_parser():
@@ -35,7 +37,14 @@ def build_parser():
   )
   parser.add_argument(
     '--only',
-    choices=('layers', 'models', 'checkpoints', 'distributed', 'decoding'),
+    choices=(
+      'layers',
+      'models',
+      'checkpoints',
+      'distributed',
+      'decoding',
+      'roof',
+    ),
     default=None,
     help='run one part: the attention layers (AttentionQKV alone, ~15 '
     'min on 2 cores), whole trax.models with trax_qkv in every site '
@@ -43,7 +52,9 @@ def build_parser():
     "the Multi30k-sized model with Trax's reader and trax_qkv's (~2 "
     'min), or training it as 2 processes of 1 core against 1 process of '
     "2 devices (~12 min), or decoding (Trax's sampler, the previous "
-    'Python loop and the compiled search, greedy and beam 4; ~6 min); '
+    'Python loop and the compiled search, greedy and beam 4; ~6 min), '
+    'or one causal and one cross-attention layer as a fraction of the '
+    'matmul rate, with the TransformerLM 2x2048 training step (~5 min); '
     'default layers and models',
   )
   return parser
@@ -80,4 +91,9 @@ def main(argv=None):
       rounds=min(rounds, decoding_bench.DEFAULT_ROUNDS), quick=quick
     )
     _report(decoding_bench, results, out, 'bench_decoding')
+  if args.only == 'roof':
+    results = roof_bench.run(
+      rounds=min(rounds, roof_bench.DEFAULT_ROUNDS), quick=quick
+    )
+    _report(roof_bench, results, out, 'bench_roof')
   return 0
