@@ -272,9 +272,10 @@ def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
       per_round = np.array(times[search_name, 'python loop']) / np.array(
         times[search_name, 'compiled']
       )
-      ratios[f'{search_name}: compiled vs python loop'] = _spread(per_round)
+      key = f'{search_name}: compiled vs python loop'
+      ratios[key] = timing.spread(per_round)
     if ('beam 4', 'compiled') in case:
-      ratios['compiled: beam 4 / greedy time'] = _spread(
+      ratios['compiled: beam 4 / greedy time'] = timing.spread(
         np.array(times['beam 4', 'compiled'])
         / np.array(times['greedy', 'compiled'])
       )
@@ -289,14 +290,6 @@ def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
     for key, r in ratios.items():
       log(f'  {key}: x{r["median"]:.2f} ({r["min"]:.2f}-{r["max"]:.2f})')
   return results
-
-
-def _spread(values):
-  return dict(
-    median=float(np.median(values)),
-    min=float(np.min(values)),
-    max=float(np.max(values)),
-  )
 
 
 def markdown(results):

@@ -97,14 +97,6 @@ def cross_step(name, batch, length, d, heads):
   return layer_bench._compiled(_cross_layer(name, d, heads), x, True)
 
 
-def _spread(values):
-  return dict(
-    median=float(np.median(values)),
-    min=float(np.min(values)),
-    max=float(np.max(values)),
-  )
-
-
 def _layer_case(step, shape, flops, rounds, matmul):
   fns = {name: step(name, *shape)[0] for name in CONTENDERS}
   times = timing.interleaved_times(
@@ -117,12 +109,12 @@ def _layer_case(step, shape, flops, rounds, matmul):
     rows[name] = dict(
       seconds=seconds,
       gflops_per_s=flops / seconds / 1e9,
-      matmul_fraction=_spread(fractions),
+      matmul_fraction=timing.spread(fractions),
       round_seconds=list(times[name]),
     )
   speedup = np.array(times[BUILTIN]) / np.array(times['auto'])
   return dict(
-    shape=list(shape), flops=flops, rows=rows, speedup=_spread(speedup)
+    shape=list(shape), flops=flops, rows=rows, speedup=timing.spread(speedup)
   )
 
 
@@ -143,7 +135,7 @@ def _lm_case(case, rounds):
     model=case,
     seconds={name: float(np.median(times[name])) for name in CONTENDERS},
     round_seconds={name: list(times[name]) for name in CONTENDERS},
-    speedup=_spread(speedup),
+    speedup=timing.spread(speedup),
     round_speedups=[float(s) for s in speedup],
   )
 

@@ -93,6 +93,15 @@ def interleaved_times(
   return times
 
 
+def spread(values):
+  """{'median', 'min', 'max'} of per-round values, as floats."""
+  return dict(
+    median=float(np.median(values)),
+    min=float(np.min(values)),
+    max=float(np.max(values)),
+  )
+
+
 def page_faults_per_call(fn, calls=3):
   """(page faults, kernel CPU seconds) per call of zero-argument `fn`.
 
