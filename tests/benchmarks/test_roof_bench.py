@@ -14,13 +14,16 @@ def test_causal_flops_count_the_visible_logits():
   # One position, one feature: 4 projections of 2 FLOPs, one visible
   # logit of 4 FLOPs; forward + backward is three forwards.
   assert roof.causal_flops(1, 1, 1) == 3 * (8 + 4)
-  # The attention half of 2 x 2048 (d 512) is half of the full L^2 count,
-  # plus the diagonal.
+  # Cross-attention counts every logit, as the layer bench does.
   full = layer_bench.attention_flops(2, 2048, 2048, 512) * 3
   assert roof.cross_flops(2, 2048, 512) == full
+  # Causal attention at 2 x 2048 (d 512): the same projections, and half
+  # of the full count of logits plus the diagonal.
   projections = 3 * 4 * 2 * 2 * 2048 * 512 * 512
+  all_logits = full - projections
+  diagonal = 3 * 4 * 2 * 2048 * 512
   attention = roof.causal_flops(2, 2048, 512) - projections
-  assert attention == 3 * 4 * 2 * 512 * 2048 * 2049 // 2
+  assert attention == all_logits // 2 + diagonal // 2
 
 
 @pytest.mark.slow

@@ -97,10 +97,18 @@ def cross_step(name, batch, length, d, heads):
   return layer_bench._compiled(_cross_layer(name, d, heads), x, True)
 
 
-def _layer_case(step, shape, flops, rounds, matmul):
-  fns = {name: step(name, *shape)[0] for name in CONTENDERS}
+def _interleaved(fns, rounds):
+  """({contender: [seconds per round]}, the built-in's time over 'auto's
+  in each round)."""
   times = timing.interleaved_times(
     fns, rounds, settle=timing.settle_seconds(), untimed=1
+  )
+  return times, np.array(times[BUILTIN]) / np.array(times['auto'])
+
+
+def _layer_case(step, shape, flops, rounds, matmul):
+  times, speedup = _interleaved(
+    {name: step(name, *shape)[0] for name in CONTENDERS}, rounds
   )
   rows = {}
   for name in CONTENDERS:
@@ -112,7 +120,6 @@ def _layer_case(step, shape, flops, rounds, matmul):
       matmul_fraction=timing.spread(fractions),
       round_seconds=list(times[name]),
     )
-  speedup = np.array(times[BUILTIN]) / np.array(times['auto'])
   return dict(
     shape=list(shape), flops=flops, rows=rows, speedup=timing.spread(speedup)
   )
@@ -121,16 +128,15 @@ def _layer_case(step, shape, flops, rounds, matmul):
 def _lm_case(case, rounds):
   builder, shape, _ = (model_bench.QUICK_CASES | model_bench.CASES)[case]
   inputs = model_bench._batch(shape, 256)
-  fns = {
-    name: model_bench.training_step(
-      model_bench.build(builder, name, 'train'), inputs
-    )[0]
-    for name in CONTENDERS
-  }
-  times = timing.interleaved_times(
-    fns, rounds, settle=timing.settle_seconds(), untimed=1
+  times, speedup = _interleaved(
+    {
+      name: model_bench.training_step(
+        model_bench.build(builder, name, 'train'), inputs
+      )[0]
+      for name in CONTENDERS
+    },
+    rounds,
   )
-  speedup = np.array(times[BUILTIN]) / np.array(times['auto'])
   return dict(
     model=case,
     seconds={name: float(np.median(times[name])) for name in CONTENDERS},
