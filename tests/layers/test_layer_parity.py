@@ -181,7 +181,21 @@ def test_predict_with_kv_cache_matches_eval_and_reuses_cache():
     np.testing.assert_allclose(
       y[0][:, 0], full[:, position], rtol=1e-5, atol=1e-6
     )
-  assert_trees_equal(builtin_state, state)
+  # The built-in's state, and the attention's own: the cached K and V split
+  # into heads, the keys transposed (`CachedKVPureAttention`).
+  parallel, heads, output = state[1]
+  assert_trees_equal(
+    builtin_state, (state[0], (parallel, (), output), state[2])
+  )
+  (_, (k_cached, _), (v_cached, _)) = parallel
+  reference = trax_qkv.kernels.reference
+  assert_trees_equal(
+    heads,
+    (
+      reference.keys_transposed(reference.split_heads(k_cached, n_heads)),
+      reference.split_heads(v_cached, n_heads),
+    ),
+  )
 
 
 def test_checkpoints_move_both_ways():

@@ -39,19 +39,27 @@ def merge_heads(x):
   return x.transpose((0, 2, 1, 3)).reshape((batch, length, n_heads * d_head))
 
 
-def attention_weights(q, k, mask):
+def keys_transposed(k):
+  """(..., Lk, d_head) keys -> (..., d_head, Lk), the operand of q @ k^T."""
+  return jnp.swapaxes(k, -1, -2)
+
+
+def attention_weights(q, k, mask, k_transposed=False):
   """Per-head softmax(q k^T / sqrt(d_head)) with masked logits set to -1e9.
 
   Args:
     q: (batch, heads, Lq, d_head) queries.
-    k: (batch, heads, Lk, d_head) keys.
+    k: (batch, heads, Lk, d_head) keys, or with `k_transposed` their
+      `keys_transposed` (batch, heads, d_head, Lk), e.g. kept from an
+      earlier call: the same product, without transposing them again.
     mask: None, or broadcastable to (batch, heads, Lq, Lk).
 
   Returns:
     (batch, heads, Lq, Lk) attention weights; each query row sums to 1.
   """
   d_head = q.shape[-1]
-  logits = jnp.matmul(q, jnp.swapaxes(k, -1, -2)) / jnp.sqrt(d_head)
+  k_t = k if k_transposed else keys_transposed(k)
+  logits = jnp.matmul(q, k_t) / jnp.sqrt(d_head)
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.full_like(logits, MASK_FILL))
   return jnp.exp(logits - logsumexp(logits, axis=-1, keepdims=True))
@@ -67,12 +75,15 @@ def attention_dropout(weights, rate, rng):
   return jnp.where(keep, weights / (1.0 - rate), jnp.zeros_like(weights))
 
 
-def per_head_attention(q, k, v, mask, dropout_rate=0.0, dropout_rng=None):
+def per_head_attention(
+  q, k, v, mask, dropout_rate=0.0, dropout_rng=None, k_transposed=False
+):
   """Trax's `_per_head_attention`, operation for operation.
 
   Args:
-    q: (..., Lq, d_head) queries; k: (..., Lk, d_head) keys; v: (..., Lk,
-      d_v) values.
+    q: (..., Lq, d_head) queries; k: (..., Lk, d_head) keys (with
+      `k_transposed`, (..., d_head, Lk): see `attention_weights`); v:
+      (..., Lk, d_v) values.
     mask: None, or broadcastable to (..., Lq, Lk); nonzero = attend.
     dropout_rate: attention-weight dropout in [0, 1).
     dropout_rng: JAX PRNG key, needed when dropout_rate > 0.
@@ -81,7 +92,7 @@ def per_head_attention(q, k, v, mask, dropout_rate=0.0, dropout_rng=None):
     float32 (activations (..., Lq, d_v), weights after dropout (..., Lq,
     Lk)).
   """
-  weights = attention_weights(q, k, mask)
+  weights = attention_weights(q, k, mask, k_transposed)
   if dropout_rate > 0.0:
     weights = attention_dropout(weights, dropout_rate, dropout_rng)
   return (

@@ -86,6 +86,43 @@ class PureAttention(kernel_layer.KernelLayer):
     return activations, mask
 
 
+class CachedKVPureAttention(PureAttention):
+  """`PureAttention` after the cached K and V projections of
+  `AttentionQKV(cache_KV_in_predict=True)` in 'predict' mode.
+
+  There K and V are the same in every call (the encoder output, projected
+  once), so where the reference kernel runs their heads are split, and
+  the keys transposed for q k^T, in the first call only and kept in the
+  state: every later decoding step skips two transposes of the whole
+  (batch, heads, Lk, d_head) K and V (docs/decoding.md). The product is
+  the reference's, of the same operands, so the outputs stay the built-in's
+  bit for bit. Like Trax's `Cache`, the layer changes the structure of its
+  state in the first call: () -> (keys transposed, values).
+  """
+
+  def forward(self, inputs):
+    q, k, v, mask = inputs
+    if self.kernel_for(q, k).name != 'reference':
+      return super().forward(inputs)
+    self.check_inputs(inputs)
+    if not self.state:
+      self.state = (
+        kernels.reference.keys_transposed(
+          kernels.reference.split_heads(k, self._n_heads)
+        ),
+        kernels.reference.split_heads(v, self._n_heads),
+      )
+    k_t, v_heads = self.state
+    per_head, _ = kernels.reference.per_head_attention(
+      kernels.reference.split_heads(q, self._n_heads),
+      k_t,
+      v_heads,
+      mask,
+      k_transposed=True,
+    )
+    return kernels.reference.merge_heads(per_head), mask
+
+
 class CheckedSerial(cb.Serial):
   """A `Serial` whose `init` runs `check_inputs(input_signature)` first.
 
@@ -250,8 +287,10 @@ def AttentionQKV(
       ),
     )
 
+  cached_kv = cache_KV_in_predict and mode == 'predict'
+
   def _KVProjection():
-    if cache_KV_in_predict and mode == 'predict':
+    if cached_kv:
       return cb.Cache(dense(d_feature))
     return dense(d_feature)
 
@@ -261,11 +300,11 @@ def AttentionQKV(
     kernels.may_project_in_blocks(implementation)
     and q_sparsity is None
     and result_sparsity is None
-    and not (cache_KV_in_predict and mode == 'predict')
+    and not cached_kv
   )
   attention = (KeyBlockProjectedAttention if fusable else cb.Serial)(
     cb.Parallel(_Projection(q_sparsity), _KVProjection(), _KVProjection()),
-    PureAttention(
+    (CachedKVPureAttention if cached_kv else PureAttention)(
       n_heads=n_heads, dropout=dropout, mode=mode, implementation=implementation
     ),
     _Projection(result_sparsity),
