@@ -125,10 +125,20 @@ def test_cached_attention_reads_the_filled_part_only(index, new):
 
 
 def test_auto_in_predict_mode_reads_the_filled_part_off_the_gpu():
-  q, k = jnp.zeros((2, 1, 8)), jnp.zeros((2, 2048, 8))
-  expected = 'reference' if jax.default_backend() == 'gpu' else 'fused'
-  call = kernels.Call(q.shape, k.shape, q.dtype, causal=True, predict=True)
-  assert kernels.choose(call) == expected
+  """Off the GPU, a cache longer than one block is read block by block; a
+  cache of one block (as long as the decoded output, say) whole."""
+  gpu = jax.default_backend() == 'gpu'
+  q = jnp.zeros((2, 1, 8))
+  for length, expected in (
+    (2048, 'reference' if gpu else 'fused'),
+    (causal.CACHE_BLOCK_SIZE + 1, 'reference' if gpu else 'fused'),
+    (causal.CACHE_BLOCK_SIZE, 'reference'),
+    (40, 'reference'),
+  ):
+    call = kernels.Call(
+      q.shape, (2, length, 8), q.dtype, causal=True, predict=True
+    )
+    assert kernels.choose(call) == expected, length
 
 
 def test_keep_masks_have_the_rate_and_are_uncorrelated():

@@ -212,6 +212,17 @@ def test_causal_fast_paths_in_predict_mode(implementation):
   assert int(jax.tree_util.tree_leaves(state_f)[-1]) == 9
 
 
+def test_auto_in_predict_mode_asks_with_the_cache_length():
+  """'auto' sees the cache a predict step reads, not its one new key."""
+  q = _x(6, 1, 8)
+  long_cache = 'reference' if jax.default_backend() == 'gpu' else 'fused'
+  for max_length, expected in ((40, 'reference'), (2048, long_cache)):
+    layer = trax_qkv.DotProductCausalAttention(
+      max_inference_length=max_length, mode='predict', implementation='auto'
+    )
+    assert layer.implementation_for(q, q) == expected
+
+
 def test_bad_inputs_raise_before_any_work():
   with pytest.raises(ValueError, match='max_inference_length'):
     trax_qkv.DotProductCausalAttention(max_inference_length=0)

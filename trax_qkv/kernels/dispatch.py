@@ -129,7 +129,11 @@ def _reference_wins(call):
   # and lose to XLA's own fusions of the reference (docs/benchmarks.md).
   if jax.default_backend() == 'gpu':
     return True
-  return not call.predict and call.n_logits <= REFERENCE_MAX_LOGITS
+  if call.predict:
+    # A cache of one block: the blockwise read would do the reference's
+    # work in a loop.
+    return call.k_shape[1] <= causal.CACHE_BLOCK_SIZE
+  return call.n_logits <= REFERENCE_MAX_LOGITS
 
 
 _BUILTIN_KERNELS = (

@@ -96,14 +96,16 @@ class DotProductCausalAttention(kernel_layer.KernelLayer):
     checks.check_causal_inputs(inputs)
 
   def _call(self, q, k):
+    predict = self._mode == 'predict'
     return kernels.Call(
       q.shape,
-      k.shape,
+      # What a predict-mode step reads: the whole cache.
+      (k.shape[0], self._max_len, k.shape[2]) if predict else k.shape,
       q.dtype,
       1,
       self.dropout_rate,
       causal=True,
-      predict=self._mode == 'predict',
+      predict=predict,
     )
 
   def init_weights_and_state(self, input_signature):
