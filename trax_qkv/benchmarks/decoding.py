@@ -1,8 +1,9 @@
 """Decoding speed: Trax's sampler, release 0.3's Python loop, the compiled
 search (`trax-qkv-bench --only decoding`).
 
-Two models, random weights (so no hypothesis ends early and every
-contender decodes every token):
+Two models with trax_qkv's `'auto'` layers in every attention site (as
+its users decode them), random weights (so no hypothesis ends early and
+every contender decodes every token):
 
   - the Multi30k-sized `Transformer` (vocabulary 8192, d_model 256, d_ff
     1024, 3 + 3 layers, 8 heads): 100 sources of 24 tokens, 32 tokens
@@ -44,10 +45,16 @@ QUICK_TRANSLATION = dict(sources=6, source_length=8, tokens=6, batch=4)
 LM = dict(rows=8, tokens=64)
 QUICK_LM = dict(rows=2, tokens=8)
 N_BEAMS = 4
+ATTENTION = 'auto'
 
 
 def _quick_translation_model(mode):
   return models.transformer(512, 64, 128, 1, 64, mode)
+
+
+def _with_attention(builder):
+  """builder(mode) with ATTENTION in every site."""
+  return functools.partial(models.build, builder, ATTENTION)
 
 
 def _step_flops(model, inputs, state):
@@ -74,7 +81,9 @@ def translation_case(quick=False, log=print):
   """Contenders -> zero-argument callables, and the FLOPs each call does,
   for the Transformer: {(search, contender): (fn, flops)}."""
   shape = QUICK_TRANSLATION if quick else TRANSLATION
-  model_fn = _quick_translation_model if quick else models.translation_model
+  model_fn = _with_attention(
+    _quick_translation_model if quick else models.translation_model
+  )
   vocab = 512 if quick else models.VOCAB_SIZES[models.translation_model]
   n, length = shape['sources'], shape['source_length']
   tokens, batch = shape['tokens'], shape['batch']
@@ -157,9 +166,10 @@ def lm_case(quick=False):
   rows, tokens = shape['rows'], shape['tokens']
   first = np.zeros((rows, 1), np.int32)
 
-  sized = decoding._predict_layer(models._lm, tokens)
+  lm = _with_attention(models._lm)
+  sized = decoding._predict_layer(lm, tokens)
   sized.init(shapes.signature(first), rng=jax.random.PRNGKey(0))
-  sampler = models._lm('predict')
+  sampler = lm('predict')
   sampler.init(shapes.signature(first), rng=jax.random.PRNGKey(0))
   per_token, _ = _step_flops(sized, first, sized.state)
   flops = tokens * per_token
@@ -221,7 +231,12 @@ def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
   log(f'matmul rate: {matmul / 1e9:.1f} GFLOP/s (2048^3, float32)')
   shape = QUICK_TRANSLATION if quick else TRANSLATION
   lm = QUICK_LM if quick else LM
-  results = {'matmul_gflops': matmul / 1e9, 'rounds': rounds, 'models': {}}
+  results = {
+    'matmul_gflops': matmul / 1e9,
+    'rounds': rounds,
+    'attention': ATTENTION,
+    'models': {},
+  }
   for name, build, tokens in (
     (
       'Transformer (Multi30k-sized)',
@@ -296,7 +311,8 @@ def markdown(results):
   lines = [
     f'Matmul rate measured in the same run: '
     f'{results["matmul_gflops"]:.1f} GFLOP/s; medians of '
-    f'{results["rounds"]} interleaved rounds, (min-max).',
+    f'{results["rounds"]} interleaved rounds, (min-max); '
+    f'{results["attention"]!r} in every attention site.',
     '',
     '| model | search | contender | s per call | tokens/s | GFLOP/s '
     '| of matmul rate |',

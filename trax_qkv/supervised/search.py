@@ -96,7 +96,10 @@ def gather_rows(tree, order, rows, unless_in=None):
   return jax.tree_util.tree_map(take, tree)
 
 
-def top_k(x, k, block=128):
+TOP_K_BLOCK = 128
+
+
+def top_k(x, k, block=TOP_K_BLOCK):
   """`lax.top_k(x, k)` of a (rows, n) array, by blocks.
 
   XLA's CPU top_k sorts the whole row: over 4 beams x 8192 tokens it took
@@ -123,7 +126,8 @@ def top_k(x, k, block=128):
 
 
 def _select(candidates, vocab, n_beams, eos_id):
-  """One step of beam search over (sources, beams * vocab) `candidates`.
+  """One step of beam search over (sources, beams * vocab) `candidates`
+  (`vocab` entries per beam; those past the model's vocabulary -inf).
 
   Candidates are taken best first until n_beams go on; one that ends in
   EOS finishes, if fewer than n_beams better ones went on. Returns the
@@ -211,10 +215,18 @@ def beam_search(step, state, n_beams, max_length, eos_id, alpha, active):
     beams = scores.shape[1]  # 1 in the first step, then n_beams
     logits, new_state = step(state, tokens.reshape(-1, 1))
     vocab = logits.shape[-1]
-    log_probs = _log_probs(logits).reshape(sources, beams, vocab)
+    # Each beam's candidates padded with -inf to whole blocks of `top_k`,
+    # in the pass that adds the scores: a vocabulary of other sizes
+    # (8,345) made top_k pad, i.e. copy, all candidates once more.
+    width = -(-vocab // TOP_K_BLOCK) * TOP_K_BLOCK
+    log_probs = jnp.pad(
+      _log_probs(logits).reshape(sources, beams, vocab),
+      ((0, 0), (0, 0), (0, width - vocab)),
+      constant_values=-jnp.inf,
+    )
     (scores, parents, tokens), looked_at = _select(
       (scores[..., None] + log_probs).reshape(sources, -1),
-      vocab,
+      width,
       n_beams,
       eos_id,
     )
