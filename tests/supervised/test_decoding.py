@@ -54,6 +54,30 @@ def test_top_k_by_blocks_is_lax_top_k():
         assert np.array_equal(expected[1], got[1])
 
 
+def test_argmax_by_blocks_is_jnp_argmax():
+  rs = np.random.RandomState(1)
+  argmax = jax.jit(search.argmax)
+  for n in (8345, 8192, 700, 40):
+    for trial in range(8):
+      x = rs.randn(6, n).astype(np.float32)
+      if trial % 2:
+        x = np.round(x, 1)  # many equal values: the first one counts
+      if trial == 2:
+        x[:, rs.randint(0, n, 50)] = -np.inf
+      if trial == 3:
+        x[:] = -np.inf
+      if trial == 4:  # NaN counts as the largest, +inf after it or not
+        x[np.arange(6), rs.randint(0, n, 6)] = np.nan
+        x[:, rs.randint(0, n, 2)] = np.inf
+      if trial == 5:  # the short last block overlaps the one before
+        x[:, [n - 1, n - 130 if n > 130 else 0]] = 10.0
+      if trial == 6:
+        x[:, n - 1] = 10.0
+      if trial == 7:
+        x = np.ones_like(x)
+      assert np.array_equal(jnp.argmax(x, axis=1), argmax(x)), (n, trial)
+
+
 def test_one_step_of_beam_search_moves_eos_to_finished():
   """Candidates of 2 beams x 4 tokens, EOS is token 1: beam 0 + EOS
   finishes; the two best others go on; beam 1 + EOS ranks after them."""

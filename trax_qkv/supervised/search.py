@@ -55,7 +55,7 @@ def greedy_search(step, state, max_length, eos_id, active):
 
   def advance(i, tokens, state, out, done):
     logits, state = step(state, tokens[:, None])
-    tokens = jnp.argmax(_log_probs(logits), axis=-1).astype(jnp.int32)
+    tokens = argmax(_log_probs(logits)).astype(jnp.int32)
     out = lax.dynamic_update_slice(out, tokens[:, None], (0, i))
     return tokens, state, out, done | (tokens == eos_id)
 
@@ -123,6 +123,40 @@ def top_k(x, k, block=TOP_K_BLOCK):
   )
   index = jnp.take_along_axis(chosen, within // block, 1) * block
   return values, index + within % block
+
+
+def argmax(x, block=TOP_K_BLOCK):
+  """`jnp.argmax(x, axis=1)` of a (rows, n) array, by blocks.
+
+  XLA's CPU argmax (a reduce over (value, index) pairs) took longer per
+  value than the log-softmax before it. The first maximum lies in the
+  first block whose maximum is the largest (or, as argmax counts NaN as
+  largest, in the first block holding a NaN), so a max over blocks, an
+  argmax over their maxima and one over that block find it. The last
+  block, if short, is read as the `block` values that end the row: any
+  it shares with the block before are below the maximum, or that block
+  would have been chosen. The result is exactly `jnp.argmax`'s.
+  """
+  rows, n = x.shape
+  if n <= 4 * block:
+    return jnp.argmax(x, axis=1)
+  whole = n // block * block
+  parts = [x[:, :whole].reshape(rows, -1, block)]
+  if whole < n:
+    parts.append(x[:, None, whole:])
+  maxima = jnp.concatenate([jnp.max(p, axis=2) for p in parts], axis=1)
+  # XLA:CPU's max does not carry NaN through: NaN is looked for apart.
+  nans = jnp.concatenate([jnp.any(jnp.isnan(p), axis=2) for p in parts], axis=1)
+  first = jnp.where(
+    jnp.any(nans, axis=1),
+    jnp.argmax(nans, axis=1),
+    jnp.argmax(maxima, axis=1),
+  )
+  start = jnp.minimum(first * block, n - block)
+  window = jax.vmap(lambda row, i: lax.dynamic_slice(row, (i,), (block,)))(
+    x, start
+  )
+  return start + jnp.argmax(window, axis=1)
 
 
 def _select(candidates, vocab, n_beams, eos_id):
