@@ -101,10 +101,10 @@ class CachedKVPureAttention(PureAttention):
   """
 
   def forward(self, inputs):
+    self.check_inputs(inputs)
     q, k, v, mask = inputs
     if self.kernel_for(q, k).name != 'reference':
       return super().forward(inputs)
-    self.check_inputs(inputs)
     if not self.state:
       self.state = (
         kernels.reference.keys_transposed(
