@@ -4,10 +4,13 @@ training step, one table."""
 import json
 
 from helpers import command
+import numpy as np
 import pytest
 
 from trax_qkv.benchmarks import layers as layer_bench
 from trax_qkv.benchmarks import roof
+from trax_qkv.kernels import causal
+from trax_qkv.kernels import fused
 
 
 def test_causal_flops_count_the_visible_logits():
@@ -26,6 +29,58 @@ def test_causal_flops_count_the_visible_logits():
   assert attention == all_logits // 2 + diagonal // 2
 
 
+@pytest.mark.parametrize('length', [2048, 1000, 40])
+def test_causal_kernel_counts_the_blocks_its_loop_visits(length):
+  rows = 16
+  tiles = causal._tiles(rows, length, causal.DEFAULT_BLOCK_SIZE, 2**19)
+  padded = -(-length // tiles[1]) * tiles[1]
+  blocks = causal._Blocks(np.zeros((rows, padded, 8), np.float32), tiles)
+  visited = 0
+  for step in range(blocks.n_steps):
+    _, i = blocks.origin(step)
+    visited += (i + 1) * blocks.tile_rows * blocks.block**2  # 0..i
+  assert causal.logits_computed(rows, length) == visited
+
+
+@pytest.mark.parametrize('lq', [1024, 1000])
+def test_fused_kernel_counts_the_tiles_its_loop_visits(lq):
+  batch, heads, lk = 4, 8, 1024
+  tiles = fused._step_tiles(batch, heads, lq, lk)
+  padded = -(-lq // tiles[2]) * tiles[2]
+  tiling = fused._Tiling(
+    np.zeros((batch, padded, 256), np.float32),
+    np.zeros((batch, lk, 256), np.float32),
+    None,
+    tiles,
+    8,
+  )
+  visited = tiling.n_steps * tiling.rows * tiling.n_queries * lk
+  assert fused.logits_computed(batch, heads, lq, lk) == visited
+
+
+def test_ceilings_count_what_each_contender_executes():
+  batch, length, d, heads = roof.CAUSAL
+  projections = 3 * 4 * 2 * batch * length * d * d
+  per_logit = 2 * (d // heads)  # FLOPs of one logit in one matmul
+  # The built-in computes every logit: 2 matmuls forward, 4 backward.
+  every = batch * heads * length * length
+  builtin = roof.causal_executed_flops('trax', *roof.CAUSAL)
+  assert builtin == projections + 6 * per_logit * every
+  # 'auto' runs the causal kernel on a CPU: the 10 blocks of 512 on and
+  # below the diagonal of 4, and q k^T once more in the backward.
+  auto = roof.causal_executed_flops('auto', *roof.CAUSAL)
+  assert auto == projections + 7 * per_logit * batch * heads * 10 * 512**2
+  assert 0.81 < roof.causal_flops(batch, length, d) / auto < 0.82
+  # Cross-attention: all logits in both; only the recomputation differs.
+  counted = roof.cross_flops(*roof.CROSS[:3])
+  assert roof.cross_executed_flops('trax', *roof.CROSS) == counted
+  assert counted / roof.cross_executed_flops('auto', *roof.CROSS) == 0.9
+  # The quick causal case is small enough for 'auto' to run the reference.
+  assert roof.causal_executed_flops(
+    'auto', *roof.QUICK_CAUSAL
+  ) == roof.causal_executed_flops('trax', *roof.QUICK_CAUSAL)
+
+
 @pytest.mark.slow
 def test_roof_bench_quick(tmp_path):
   assert (
@@ -41,6 +96,7 @@ def test_roof_bench_quick(tmp_path):
     assert set(entry['rows']) == {'trax', 'auto'}
     for row in entry['rows'].values():
       assert 0 < row['matmul_fraction']['median'] < 2
+      assert 0.5 < row['ceiling'] <= 1
   step = results['training_step']
   assert step['model'] == roof.QUICK_LM and len(step['round_speedups']) == 1
   table = (tmp_path / 'bench_roof.md').read_text()

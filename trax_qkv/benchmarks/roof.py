@@ -20,6 +20,12 @@ projections and its two attention matmuls, where causal attention counts
 only the L (L + 1) / 2 logits a query may see (a kernel that computes the
 masked half too does not get credit for it); the backward is twice the
 forward.
+
+Beside each fraction stands its ceiling: counted FLOPs over the FLOPs of
+the matmuls the contender's kernel executes, i.e. the fraction it would
+reach if every one of them ran at the matmul rate and nothing else took
+time. The blockwise kernels execute more than is counted: the backward
+recomputes q k^T, and a causal diagonal block is computed whole.
 """
 
 import jax
@@ -32,6 +38,9 @@ import trax_qkv
 from trax_qkv.benchmarks import layers as layer_bench
 from trax_qkv.benchmarks import models as model_bench
 from trax_qkv.benchmarks import timing
+from trax_qkv.kernels import causal as causal_kernel
+from trax_qkv.kernels import dispatch
+from trax_qkv.kernels import fused
 from trax_qkv.models import registry
 
 BUILTIN = registry.BUILTIN
@@ -43,6 +52,10 @@ CROSS = (4, 1024, 256, 8)  # queries and keys alike
 LM_CASE = 'TransformerLM 2x2048'
 QUICK_CAUSAL, QUICK_CROSS = (2, 256, 128, 4), (2, 128, 128, 4)
 QUICK_LM = 'TransformerLM 2x256'
+# Matmuls per computed logit, forward and backward: the reference keeps
+# the weights for its backward; the blockwise kernels recompute q k^T
+# there from the saved logsumexp, one matmul more.
+MATMULS_PER_LOGIT = {'reference': (2, 4), 'fused': (2, 5)}
 
 
 def causal_flops(batch, length, d):
@@ -56,6 +69,52 @@ def causal_flops(batch, length, d):
 def cross_flops(batch, length, d):
   """Forward + backward FLOPs of AttentionQKV with Lq = Lk = length."""
   return 3 * layer_bench.attention_flops(batch, length, length, d)
+
+
+def _kernel(name, call):
+  """The kernel a contender runs for `call`: the built-in runs the
+  reference's math."""
+  return 'reference' if name == BUILTIN else dispatch.resolve(name, call).name
+
+
+def _executed(kernel, projections, logits, d_head):
+  """Forward + backward FLOPs of a layer's matmuls when `kernel` computes
+  `logits` (query, key) pairs per pass; None for a kernel not counted
+  here."""
+  if kernel not in MATMULS_PER_LOGIT:
+    return None
+  return 3 * projections + sum(MATMULS_PER_LOGIT[kernel]) * 2 * d_head * logits
+
+
+def causal_executed_flops(name, batch, length, d, heads):
+  """As `causal_flops`, for the matmuls contender `name` executes: the
+  reference computes all L * L logits, the causal kernel its blocks."""
+  rows, d_head = batch * heads, d // heads
+  shape = (rows, length, d_head)
+  kernel = _kernel(
+    name, dispatch.Call(shape, shape, jnp.float32, 1, causal=True)
+  )
+  logits = (
+    causal_kernel.logits_computed(rows, length)
+    if kernel == 'fused'
+    else rows * length * length
+  )
+  return _executed(kernel, 8 * batch * length * d * d, logits, d_head)
+
+
+def cross_executed_flops(name, batch, length, d, heads):
+  """As `cross_flops`, for the matmuls contender `name` executes."""
+  shape = (batch, length, d)
+  kernel = _kernel(name, dispatch.Call(shape, shape, jnp.float32, heads))
+  logits = (
+    fused.logits_computed(batch, heads, length, length)
+    if kernel == 'fused'
+    else batch * heads * length * length
+  )
+  projections = layer_bench.attention_flops(batch, length, length, d) - (
+    4 * batch * length * length * d
+  )
+  return _executed(kernel, projections, logits, d // heads)
 
 
 def _causal_layer(name, d, heads):
@@ -106,7 +165,7 @@ def _interleaved(fns, rounds):
   return times, np.array(times[BUILTIN]) / np.array(times['auto'])
 
 
-def _layer_case(step, shape, flops, rounds, matmul):
+def _layer_case(step, executed, shape, flops, rounds, matmul):
   times, speedup = _interleaved(
     {name: step(name, *shape)[0] for name in CONTENDERS}, rounds
   )
@@ -114,10 +173,13 @@ def _layer_case(step, shape, flops, rounds, matmul):
   for name in CONTENDERS:
     fractions = flops / np.array(times[name]) / matmul
     seconds = float(np.median(times[name]))
+    executed_flops = executed(name, *shape)
     rows[name] = dict(
       seconds=seconds,
       gflops_per_s=flops / seconds / 1e9,
       matmul_fraction=timing.spread(fractions),
+      executed_flops=executed_flops,
+      ceiling=flops / executed_flops if executed_flops else None,
       round_seconds=list(times[name]),
     )
   return dict(
@@ -157,18 +219,31 @@ def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
     'layers': {},
   }
   causal, cross = (QUICK_CAUSAL, QUICK_CROSS) if quick else (CAUSAL, CROSS)
-  for label, step, shape, flops in (
-    ('causal self-attention', causal_step, causal, causal_flops(*causal[:3])),
-    ('cross-attention', cross_step, cross, cross_flops(*cross[:3])),
+  for label, step, executed, shape, flops in (
+    (
+      'causal self-attention',
+      causal_step,
+      causal_executed_flops,
+      causal,
+      causal_flops(*causal[:3]),
+    ),
+    (
+      'cross-attention',
+      cross_step,
+      cross_executed_flops,
+      cross,
+      cross_flops(*cross[:3]),
+    ),
   ):
     log(f'{label} {shape}: forward + backward ...')
-    entry = _layer_case(step, shape, flops, rounds, matmul)
+    entry = _layer_case(step, executed, shape, flops, rounds, matmul)
     results['layers'][label] = entry
     for name, row in entry['rows'].items():
       log(
         f'  {name}: {row["seconds"] * 1e3:.1f} ms, '
         f'{row["gflops_per_s"]:.1f} GFLOP/s '
-        f'({row["matmul_fraction"]["median"]:.0%} of matmul)'
+        f'({row["matmul_fraction"]["median"]:.0%} of matmul, ceiling '
+        f'{_percent(row["ceiling"])})'
       )
   case = QUICK_LM if quick else LM_CASE
   log(f'{case}: training step ...')
@@ -178,6 +253,10 @@ def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
   return results
 
 
+def _percent(fraction):
+  return '-' if fraction is None else f'{fraction:.0%}'
+
+
 def markdown(results):
   lines = [
     f'Device: {results["device"]}; matmul rate measured in the same run: '
@@ -185,8 +264,8 @@ def markdown(results):
     f'{results["rounds"]} interleaved rounds, (min-max) over the rounds.',
     '',
     '| layer, forward + backward | batch, L, d_model, heads | contender '
-    '| ms | GFLOP/s | of matmul rate | speed-up |',
-    '|---|---|---|---|---|---|---|',
+    '| ms | GFLOP/s | of matmul rate | ceiling | speed-up |',
+    '|---|---|---|---|---|---|---|---|',
   ]
   for label, entry in results['layers'].items():
     for name, row in entry['rows'].items():
@@ -196,6 +275,7 @@ def markdown(results):
         f'| {label} | {", ".join(map(str, entry["shape"]))} | {name} | '
         f'{row["seconds"] * 1e3:.1f} | {row["gflops_per_s"]:.1f} | '
         f'{f["median"]:.0%} ({f["min"]:.0%}-{f["max"]:.0%}) | '
+        f'{_percent(row["ceiling"])} | '
         + (
           f'x{s["median"]:.2f} ({s["min"]:.2f}-{s["max"]:.2f})'
           if s

@@ -49,6 +49,20 @@ def _tiles(rows, length, block_size, target):
   return (max(fitting) if fitting else 1), block
 
 
+def logits_computed(
+  rows,
+  length,
+  block_size=DEFAULT_BLOCK_SIZE,
+  step_elements=common.STEP_ELEMENTS,
+):
+  """(query, key) logits `causal_attention` computes, per pass over them:
+  the blocks on and below the diagonal, each whole (a diagonal block's
+  masked half included), of the padded length."""
+  _, block = _tiles(rows, length, block_size, step_elements)
+  n_blocks = -(-length // block)
+  return rows * n_blocks * (n_blocks + 1) // 2 * block * block
+
+
 class _Blocks:
   """Where step (tile, query block i, key block j) reads and writes."""
 

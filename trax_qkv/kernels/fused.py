@@ -41,6 +41,13 @@ def _step_tiles(batch, n_heads, lq, lk, target=common.STEP_ELEMENTS):
   return 1, 1, -(-lq // n_blocks)
 
 
+def logits_computed(batch, n_heads, lq, lk, step_elements=common.STEP_ELEMENTS):
+  """(query, key) logits `fused_attention` computes, per pass over them:
+  every key of every query, the queries padded to whole blocks."""
+  queries = _step_tiles(batch, n_heads, lq, lk, step_elements)[2]
+  return batch * n_heads * -(-lq // queries) * queries * lk
+
+
 class _Tiling:
   """Where step i of the 'fused' loop reads and writes.
 
