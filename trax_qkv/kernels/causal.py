@@ -174,10 +174,16 @@ def _causal_backward(tiles, rate, residuals, d_out):
 
   dK and dV are accumulated transposed, (rows, d, L): XLA:CPU runs
   'gqd,gqk->gdk' 1.5-2.4x as fast as 'gqk,gqd->gkd' at these shapes
-  (docs/benchmarks.md: "Causal block size")."""
+  (docs/benchmarks.md: "Causal block size"). Q and dO are transposed once
+  up front, so that both are plain (d, q) @ (q, k) products: XLA:CPU then
+  runs them through the same (YNNPACK) path as the step's other matmuls,
+  side by side with dQ, where 'gqd,gqk->gdk' went to a slower dot one
+  after another (docs/benchmarks.md: "Einsum order in the backward
+  pass")."""
   q, k, v, rng, out, lse = residuals
   blocks = _Blocks(q, tiles)
   row_sums_all = jnp.sum(d_out * out, axis=-1, keepdims=True)
+  q_t, d_out_t = jnp.swapaxes(q, 1, 2), jnp.swapaxes(d_out, 1, 2)
 
   def one_step(step, carry):
     d_q, d_k_t, d_v_t = carry
@@ -186,6 +192,8 @@ def _causal_backward(tiles, rate, residuals, d_out):
     d_out_block = blocks.read(d_out, row, i)
     lse_block = blocks.read(lse, row, i)
     row_sums = blocks.read(row_sums_all, row, i)
+    q_block_t = blocks.read_t(q_t, row, i)
+    d_out_block_t = blocks.read_t(d_out_t, row, i)
 
     def one_key_block(j, inner, on_diagonal=False):
       d_q_block, d_k_t, d_v_t = inner
@@ -205,14 +213,14 @@ def _causal_backward(tiles, rate, residuals, d_out):
       d_k_t = blocks.write_t(
         d_k_t,
         blocks.read_t(d_k_t, row, j)
-        + jnp.einsum('gqd,gqk->gdk', q_block, d_logits),
+        + jnp.einsum('gdq,gqk->gdk', q_block_t, d_logits),
         row,
         j,
       )
       d_v_t = blocks.write_t(
         d_v_t,
         blocks.read_t(d_v_t, row, j)
-        + jnp.einsum('gqd,gqk->gdk', d_out_block, kept),
+        + jnp.einsum('gdq,gqk->gdk', d_out_block_t, kept),
         row,
         j,
       )
