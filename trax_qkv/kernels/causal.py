@@ -175,10 +175,10 @@ def _causal_backward(tiles, rate, residuals, d_out):
   dK and dV are accumulated transposed, (rows, d, L): XLA:CPU runs
   'gqd,gqk->gdk' 1.5-2.4x as fast as 'gqk,gqd->gkd' at these shapes
   (docs/benchmarks.md: "Causal block size"). Q and dO are transposed once
-  up front, so that both are plain (d, q) @ (q, k) products: XLA:CPU then
-  runs them through the same (YNNPACK) path as the step's other matmuls,
-  side by side with dQ, where 'gqd,gqk->gdk' went to a slower dot one
-  after another (docs/benchmarks.md: "Einsum order in the backward
+  up front, so that dK and dV are plain (d, q) @ (q, k) products: XLA:CPU
+  then runs them through the same (YNNPACK) path as the step's other
+  matmuls, side by side with dQ, where 'gqd,gqk->gdk' went to a slower dot
+  one after another (docs/benchmarks.md: "Einsum order in the backward
   pass")."""
   q, k, v, rng, out, lse = residuals
   blocks = _Blocks(q, tiles)
