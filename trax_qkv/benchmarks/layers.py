@@ -57,10 +57,15 @@ def contenders():
   return out
 
 
+def projection_flops(batch, lq, lk, d):
+  """Forward FLOPs of an attention layer's 4 (d, d) projections: Q and
+  the output over lq positions, K and V over lk."""
+  return 2 * batch * d * d * (2 * lq + 2 * lk)
+
+
 def attention_flops(batch, lq, lk, d):
   """Forward FLOPs of AttentionQKV: 4 projections, 2 batched matmuls."""
-  projections = 2 * batch * d * d * (2 * lq + 2 * lk)
-  return projections + 4 * batch * lq * lk * d
+  return projection_flops(batch, lq, lk, d) + 4 * batch * lq * lk * d
 
 
 def _layer_inputs(batch, lq, lk, d):

@@ -61,7 +61,7 @@ MATMULS_PER_LOGIT = {'reference': (2, 4), 'fused': (2, 5)}
 def causal_flops(batch, length, d):
   """Forward + backward FLOPs of a causal self-attention layer: 4
   projections and the visible L (L + 1) / 2 logits, forward tripled."""
-  projections = 4 * 2 * batch * length * d * d
+  projections = layer_bench.projection_flops(batch, length, length, d)
   attention = 4 * batch * d * length * (length + 1) // 2
   return 3 * (projections + attention)
 
@@ -99,7 +99,8 @@ def causal_executed_flops(name, batch, length, d, heads):
     if kernel == 'fused'
     else rows * length * length
   )
-  return _executed(kernel, 8 * batch * length * d * d, logits, d_head)
+  projections = layer_bench.projection_flops(batch, length, length, d)
+  return _executed(kernel, projections, logits, d_head)
 
 
 def cross_executed_flops(name, batch, length, d, heads):
@@ -111,9 +112,7 @@ def cross_executed_flops(name, batch, length, d, heads):
     if kernel == 'fused'
     else batch * heads * length * length
   )
-  projections = layer_bench.attention_flops(batch, length, length, d) - (
-    4 * batch * length * length * d
-  )
+  projections = layer_bench.projection_flops(batch, length, length, d)
   return _executed(kernel, projections, logits, d // heads)
 
 
