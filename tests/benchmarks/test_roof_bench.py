@@ -35,10 +35,14 @@ def test_causal_kernel_counts_the_blocks_its_loop_visits(length):
   tiles = causal._tiles(rows, length, causal.DEFAULT_BLOCK_SIZE, 2**19)
   padded = -(-length // tiles[1]) * tiles[1]
   blocks = causal._Blocks(np.zeros((rows, padded, 8), np.float32), tiles)
+  diagonal = sum(
+    (queries.stop - queries.start) * keys.stop
+    for queries, keys in blocks.sub_blocks()
+  )
   visited = 0
   for step in range(blocks.n_steps):
     _, i = blocks.origin(step)
-    visited += (i + 1) * blocks.tile_rows * blocks.block**2  # 0..i
+    visited += blocks.tile_rows * (i * blocks.block**2 + diagonal)
   assert causal.logits_computed(rows, length) == visited
 
 
@@ -66,11 +70,12 @@ def test_ceilings_count_what_each_contender_executes():
   every = batch * heads * length * length
   builtin = roof.causal_executed_flops('trax', *roof.CAUSAL)
   assert builtin == projections + 6 * per_logit * every
-  # 'auto' runs the causal kernel on a CPU: the 10 blocks of 512 on and
-  # below the diagonal of 4, and q k^T once more in the backward.
+  # 'auto' runs the causal kernel on a CPU: the 6 blocks of 512 below the
+  # diagonal of 4, 3/4 of each of the 4 on it (two query sub-blocks), and
+  # q k^T once more in the backward.
   auto = roof.causal_executed_flops('auto', *roof.CAUSAL)
-  assert auto == projections + 7 * per_logit * batch * heads * 10 * 512**2
-  assert 0.81 < roof.causal_flops(batch, length, d) / auto < 0.82
+  assert auto == projections + 7 * per_logit * batch * heads * 9 * 512**2
+  assert 0.86 < roof.causal_flops(batch, length, d) / auto < 0.87
   # Cross-attention: all logits in both; only the recomputation differs.
   counted = roof.cross_flops(*roof.CROSS[:3])
   assert roof.cross_executed_flops('trax', *roof.CROSS) == counted

@@ -40,13 +40,17 @@ def _reference(q, k, v):
   d=st.sampled_from([4, 8]),
   block=st.sampled_from([8, 16, 128]),
   step_elements=st.sampled_from([64, 2**19]),
+  split=st.sampled_from([1, 2, 4]),
 )
 def test_forward_and_gradients_match_reference(
-  rows, length, d, block, step_elements
+  rows, length, d, block, step_elements, split
 ):
   q, k, v, cotangent = _qkv(rows, length, d, seed=length)
   attend = functools.partial(
-    causal.causal_attention, block_size=block, step_elements=step_elements
+    causal.causal_attention,
+    block_size=block,
+    step_elements=step_elements,
+    diagonal_split=split,
   )
 
   def value_and_grads(f):
@@ -62,19 +66,20 @@ def test_forward_and_gradients_match_reference(
 
 def test_tiles_take_whole_rows_while_the_logits_fit():
   tiles = causal._tiles
-  assert tiles(16, 2048, 128, 2**19) == (16, 128)  # all rows per step
-  assert tiles(1024, 64, 128, 2**19) == (128, 64)  # short: whole length
-  assert tiles(6, 5, 128, 2**19) == (6, 8)  # 8-aligned block
-  assert tiles(7, 300, 128, 100) == (1, 128)  # at least one row
+  assert tiles(16, 2048, 128, 2**19, 2) == (16, 128, 2)  # all rows per step
+  assert tiles(1024, 64, 128, 2**19, 2) == (128, 64, 2)  # short: whole length
+  assert tiles(6, 5, 128, 2**19, 2) == (6, 8, 2)  # 8-aligned block
+  assert tiles(7, 300, 128, 100, 2) == (1, 128, 2)  # at least one row
+  assert tiles(7, 300, 128, 100, 3) == (1, 128, 1)  # split must divide
 
 
-@pytest.mark.parametrize('block', [8, 128])
-def test_dropout_gradient_matches_forward_mode_derivative(block):
+@pytest.mark.parametrize('block, split', [(8, 1), (8, 2), (128, 2)])
+def test_dropout_gradient_matches_forward_mode_derivative(block, split):
   """With dropout the hand-written backward agrees with JAX's forward-mode
   derivative of the same forward pass (same masks), in random directions."""
   q, k, v, cotangent = _qkv(3, 37, 8, seed=1)
   rng = jax.random.PRNGKey(4)
-  tiles = causal._tiles(3, 37, block, 2**19)
+  tiles = causal._tiles(3, 37, block, 2**19, split)
   pad = -37 % tiles[1]
   q, k, v, cotangent = (
     jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (q, k, v, cotangent)

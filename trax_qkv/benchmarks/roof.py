@@ -25,7 +25,8 @@ Beside each fraction stands its ceiling: counted FLOPs over the FLOPs of
 the matmuls the contender's kernel executes, i.e. the fraction it would
 reach if every one of them ran at the matmul rate and nothing else took
 time. The blockwise kernels execute more than is counted: the backward
-recomputes q k^T, and a causal diagonal block is computed whole.
+recomputes q k^T, and a causal diagonal block is computed in two halves
+of queries, the masked triangle of each included.
 """
 
 import jax

@@ -4,7 +4,8 @@ Causal self-attention lets query i see keys 0..i, so half of the (L, L)
 logits that the reference computes -- and then masks -- are wasted. Here
 queries and keys are cut into blocks of `block_size` positions; query block i
 visits key blocks 0..i-1 with an online softmax (as flash attention does),
-unmasked, and then its diagonal block, masked. The hand-written backward
+unmasked, and then its diagonal block, masked, in query sub-blocks that
+each skip the keys after their own. The hand-written backward
 pass visits the same blocks, recomputing each block's weights from the
 saved logsumexp, so memory holds one step's logits, not (L, L) of them.
 
@@ -32,21 +33,28 @@ from trax_qkv.kernels.reference import MASK_FILL
 # outweighs the masked half of the diagonal blocks that larger blocks
 # compute (docs/benchmarks.md: "Causal block size").
 DEFAULT_BLOCK_SIZE = 512
+# Query sub-blocks per diagonal block: sub-block s reads keys 0..s of the
+# block only, so two of them compute 3/4 of a diagonal block's logits
+# instead of all (docs/benchmarks.md: "Diagonal sub-blocks").
+DIAGONAL_SPLIT = 2
 # Cache positions per step of predict mode: an early token reads few.
 CACHE_BLOCK_SIZE = 128
 
 
-def _tiles(rows, length, block_size, target):
-  """(rows per step, block length): the block is `block_size`, or the whole
-  (8-aligned) length when shorter; rows are the largest divisor of `rows`
-  whose logits fit `target` floats (at least one)."""
+def _tiles(rows, length, block_size, target, diagonal_split=DIAGONAL_SPLIT):
+  """(rows per step, block length, diagonal sub-blocks): the block is
+  `block_size`, or the whole (8-aligned) length when shorter; rows are the
+  largest divisor of `rows` whose logits fit `target` floats (at least
+  one); the diagonal blocks split in `diagonal_split` if it divides them,
+  else not at all."""
   block = min(block_size, -(-length // 8) * 8)
   fitting = [
     g
     for g in range(1, rows + 1)
     if rows % g == 0 and g * block * block <= target
   ]
-  return (max(fitting) if fitting else 1), block
+  split = diagonal_split if block % diagonal_split == 0 else 1
+  return (max(fitting) if fitting else 1), block, split
 
 
 def logits_computed(
@@ -54,13 +62,20 @@ def logits_computed(
   length,
   block_size=DEFAULT_BLOCK_SIZE,
   step_elements=common.STEP_ELEMENTS,
+  diagonal_split=DIAGONAL_SPLIT,
 ):
   """(query, key) logits `causal_attention` computes, per pass over them:
-  the blocks on and below the diagonal, each whole (a diagonal block's
-  masked half included), of the padded length."""
-  _, block = _tiles(rows, length, block_size, step_elements)
+  the blocks below the diagonal whole, and of each diagonal block its
+  sub-blocks, query sub-block s over key sub-blocks 0..s (a masked
+  triangle included), of the padded length."""
+  _, block, split = _tiles(
+    rows, length, block_size, step_elements, diagonal_split
+  )
   n_blocks = -(-length // block)
-  return rows * n_blocks * (n_blocks + 1) // 2 * block * block
+  sub = block // split
+  below = n_blocks * (n_blocks - 1) // 2 * block * block
+  diagonal = n_blocks * split * (split + 1) // 2 * sub * sub
+  return rows * (below + diagonal)
 
 
 class _Blocks:
@@ -68,7 +83,8 @@ class _Blocks:
 
   def __init__(self, q, tiles):
     self.rows, self.length, self.d_head = q.shape
-    self.tile_rows, self.block = tiles
+    self.tile_rows, self.block, split = tiles
+    self.sub = self.block // split
     self.n_blocks = self.length // self.block
     self.n_steps = (self.rows // self.tile_rows) * self.n_blocks
     self.scale = common.scale(self.d_head, q.dtype)
@@ -95,20 +111,34 @@ class _Blocks:
   def write_t(self, x, values, row, block):
     return jax.lax.dynamic_update_slice(x, values, (row, 0, block * self.block))
 
-  def logits(self, q_block, k_block, on_diagonal):
+  def logits(self, q_block, k_block, on_diagonal=None):
     """Masked only on the diagonal: every key of an earlier block is
     before every query of block i, so the blocks before it skip the pass
-    over the mask."""
+    over the mask. `on_diagonal`: the query sub-block's slice of a diagonal
+    block (its keys the block's first ones)."""
     logits = jnp.einsum(
       'gqd,gkd->gqk', q_block, k_block, preferred_element_type=jnp.float32
     )
-    if not on_diagonal:
+    if on_diagonal is None:
       return logits
-    return jnp.where(self.diagonal, logits, MASK_FILL)
+    return jnp.where(
+      self.diagonal[on_diagonal, : logits.shape[-1]], logits, MASK_FILL
+    )
 
-  def keep(self, rng, rate, step, j, shape):
+  def sub_blocks(self):
+    """(queries, keys) slices of a diagonal block's sub-blocks: query
+    sub-block s sees the block's keys up to its own last one."""
+    return [
+      (slice(s, s + self.sub), slice(0, s + self.sub))
+      for s in range(0, self.block, self.sub)
+    ]
+
+  def keep(self, rng, rate, step, j):
+    """The dropout mask of key block j in outer step `step`, whole (the
+    diagonal's sub-blocks take their slices of it)."""
     if rate == 0.0:
       return None
+    shape = (self.tile_rows, self.block, self.block)
     return common.keep_mask(rng, step * self.n_blocks + j, rate, shape)
 
 
@@ -128,19 +158,19 @@ def _causal_forward(q, k, v, tiles, rate, rng):
   blocks = _Blocks(q, tiles)
   q = q * blocks.scale  # once; the backward reads the scaled q
 
+  def drop(keep):
+    return None if keep is None else lambda p: common.dropped(p, keep, rate)
+
   def one_step(step, carry):
     out, lse = carry
     row, i = blocks.origin(step)
     q_block = blocks.read(q, row, i)
 
-    def one_key_block(j, inner, on_diagonal=False):
-      logits = blocks.logits(q_block, blocks.read(k, row, j), on_diagonal)
-      keep = blocks.keep(rng, rate, step, j, logits.shape)
+    def one_key_block(j, inner):
+      logits = blocks.logits(q_block, blocks.read(k, row, j))
+      keep = blocks.keep(rng, rate, step, j)
       return common.online_softmax_update(
-        inner,
-        logits,
-        _weigh(blocks.read(v, row, j)),
-        None if keep is None else lambda p: common.dropped(p, keep, rate),
+        inner, logits, _weigh(blocks.read(v, row, j)), drop(keep)
       )
 
     shape = (blocks.tile_rows, blocks.block, 1)
@@ -154,7 +184,21 @@ def _causal_forward(q, k, v, tiles, rate, rng):
         jnp.zeros(shape[:2] + (v.shape[-1],), jnp.float32),
       ),
     )
-    running_max, denominator, numerator = one_key_block(i, inner, True)
+    k_block, v_block = blocks.read(k, row, i), blocks.read(v, row, i)
+    keep = blocks.keep(rng, rate, step, i)
+    parts = []
+    for queries, keys in blocks.sub_blocks():
+      parts.append(
+        common.online_softmax_update(
+          tuple(x[:, queries] for x in inner),
+          blocks.logits(q_block[:, queries], k_block[:, keys], queries),
+          _weigh(v_block[:, keys]),
+          drop(None if keep is None else keep[:, queries, keys]),
+        )
+      )
+    running_max, denominator, numerator = (
+      jnp.concatenate(x, axis=1) for x in zip(*parts)
+    )
     step_lse = running_max + jnp.log(denominator)
     return (
       blocks.write(out, numerator / denominator, row, i),
@@ -195,45 +239,62 @@ def _causal_backward(tiles, rate, residuals, d_out):
     q_block_t = blocks.read_t(q_t, row, i)
     d_out_block_t = blocks.read_t(d_out_t, row, i)
 
-    def one_key_block(j, inner, on_diagonal=False):
+    def gradients(k_block, v_block, keep, queries=None):
+      """(dQ, dK^T, dV^T) of the queries (all, or a diagonal sub-block's)
+      over `k_block`, `v_block`."""
+      at = slice(None) if queries is None else queries
+      logits = blocks.logits(q_block[:, at], k_block, queries)
+      weights = jnp.exp(logits - lse_block[:, at])
+      d_weights = jnp.einsum('gqd,gkd->gqk', d_out_block[:, at], v_block)
+      kept, d_logits = common.softmax_backward(
+        weights, d_weights, row_sums[:, at], lse_block[:, at], rate, keep
+      )
+      return (
+        jnp.einsum('gqk,gkd->gqd', d_logits, k_block),
+        jnp.einsum('gdq,gqk->gdk', q_block_t[:, :, at], d_logits),
+        jnp.einsum('gdq,gqk->gdk', d_out_block_t[:, :, at], kept),
+      )
+
+    def one_key_block(j, inner):
       d_q_block, d_k_t, d_v_t = inner
       k_block, v_block = blocks.read(k, row, j), blocks.read(v, row, j)
-      logits = blocks.logits(q_block, k_block, on_diagonal)
-      weights = jnp.exp(logits - lse_block)
-      d_weights = jnp.einsum('gqd,gkd->gqk', d_out_block, v_block)
-      kept, d_logits = common.softmax_backward(
-        weights,
-        d_weights,
-        row_sums,
-        lse_block,
-        rate,
-        blocks.keep(rng, rate, step, j, weights.shape),
+      keep = blocks.keep(rng, rate, step, j)
+      d_q_part, d_k_part, d_v_part = gradients(k_block, v_block, keep)
+      return (
+        d_q_block + d_q_part,
+        blocks.write_t(d_k_t, blocks.read_t(d_k_t, row, j) + d_k_part, row, j),
+        blocks.write_t(d_v_t, blocks.read_t(d_v_t, row, j) + d_v_part, row, j),
       )
-      d_q_block = d_q_block + jnp.einsum('gqk,gkd->gqd', d_logits, k_block)
-      d_k_t = blocks.write_t(
-        d_k_t,
-        blocks.read_t(d_k_t, row, j)
-        + jnp.einsum('gdq,gqk->gdk', q_block_t, d_logits),
-        row,
-        j,
-      )
-      d_v_t = blocks.write_t(
-        d_v_t,
-        blocks.read_t(d_v_t, row, j)
-        + jnp.einsum('gdq,gqk->gdk', d_out_block_t, kept),
-        row,
-        j,
-      )
-      return d_q_block, d_k_t, d_v_t
 
-    inner = jax.lax.fori_loop(
+    d_q_block, d_k_t, d_v_t = jax.lax.fori_loop(
       0,
       i,
       one_key_block,
       (jnp.zeros(q_block.shape, jnp.float32), d_k_t, d_v_t),
     )
-    d_q_block, d_k_t, d_v_t = one_key_block(i, inner, True)
-    return blocks.write(d_q, d_q_block * blocks.scale, row, i), d_k_t, d_v_t
+    k_block, v_block = blocks.read(k, row, i), blocks.read(v, row, i)
+    keep = blocks.keep(rng, rate, step, i)
+    d_k_tile, d_v_tile = (
+      blocks.read_t(d_k_t, row, i),
+      blocks.read_t(d_v_t, row, i),
+    )
+    d_q_parts = []
+    for queries, keys in blocks.sub_blocks():
+      d_q_part, d_k_part, d_v_part = gradients(
+        k_block[:, keys],
+        v_block[:, keys],
+        None if keep is None else keep[:, queries, keys],
+        queries,
+      )
+      d_q_parts.append(d_q_part)
+      d_k_tile = d_k_tile.at[:, :, keys].add(d_k_part)
+      d_v_tile = d_v_tile.at[:, :, keys].add(d_v_part)
+    d_q_block = d_q_block + jnp.concatenate(d_q_parts, axis=1)
+    return (
+      blocks.write(d_q, d_q_block * blocks.scale, row, i),
+      blocks.write_t(d_k_t, d_k_tile, row, i),
+      blocks.write_t(d_v_t, d_v_tile, row, i),
+    )
 
   transposed = lambda x: jnp.zeros(
     (x.shape[0], x.shape[2], x.shape[1]), jnp.float32
@@ -259,6 +320,7 @@ def causal_attention(
   dropout_rng=None,
   block_size=DEFAULT_BLOCK_SIZE,
   step_elements=common.STEP_ELEMENTS,
+  diagonal_split=DIAGONAL_SPLIT,
 ):
   """Causal attention, visiting only the blocks on or below the diagonal.
 
@@ -270,13 +332,15 @@ def causal_attention(
     dropout_rng: JAX PRNG key, needed when dropout_rate > 0.
     block_size: positions per query and key block.
     step_elements: the most logits one loop step holds.
+    diagonal_split: query sub-blocks per diagonal block (1 if it does not
+      divide the block): each skips the keys after its own.
 
   Returns:
     float32 (g, L, d_v): what `reference.per_head_attention` computes with
     a lower-triangular mask, within float32 rounding, forward and backward.
   """
   rows, length, _ = q.shape
-  tiles = _tiles(rows, length, block_size, step_elements)
+  tiles = _tiles(rows, length, block_size, step_elements, diagonal_split)
   pad = -length % tiles[1]
   if pad:  # padded keys come after every real query, so causality hides them
     q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (q, k, v))
