@@ -33,9 +33,10 @@ from trax_qkv.kernels.reference import MASK_FILL
 # outweighs the masked half of the diagonal blocks that larger blocks
 # compute (docs/benchmarks.md: "Causal block size").
 DEFAULT_BLOCK_SIZE = 512
-# Query sub-blocks per diagonal block: sub-block s reads keys 0..s of the
-# block only, so two of them compute 3/4 of a diagonal block's logits
-# instead of all (docs/benchmarks.md: "Diagonal sub-blocks").
+# Query sub-blocks per diagonal block: sub-block s reads key sub-blocks
+# 0..s only, so two of them compute 3/4 of a diagonal block's logits, not
+# all. The smaller matmuls take back much of the saving on XLA:CPU
+# (docs/benchmarks.md: "Diagonal sub-blocks").
 DIAGONAL_SPLIT = 2
 # Cache positions per step of predict mode: an early token reads few.
 CACHE_BLOCK_SIZE = 128
