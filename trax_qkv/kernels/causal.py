@@ -142,6 +142,11 @@ class _Blocks:
     shape = (self.tile_rows, self.block, self.block)
     return common.keep_mask(rng, step * self.n_blocks + j, rate, shape)
 
+  @staticmethod
+  def sub_keep(keep, queries, keys):
+    """A diagonal sub-block's slice of its block's mask (None: no dropout)."""
+    return None if keep is None else keep[:, queries, keys]
+
 
 def _weigh(v_block):
   """The online softmax's weights-times-values of a (g, k, d_v) block."""
@@ -167,12 +172,20 @@ def _causal_forward(q, k, v, tiles, rate, rng):
     row, i = blocks.origin(step)
     q_block = blocks.read(q, row, i)
 
-    def one_key_block(j, inner):
-      logits = blocks.logits(q_block, blocks.read(k, row, j))
-      keep = blocks.keep(rng, rate, step, j)
+    def update(inner, k_block, v_block, keep, queries=None):
+      """`inner` with the keys of `k_block` added, for the queries (all,
+      or a diagonal sub-block's)."""
+      at = slice(None) if queries is None else queries
       return common.online_softmax_update(
-        inner, logits, _weigh(blocks.read(v, row, j)), drop(keep)
+        inner,
+        blocks.logits(q_block[:, at], k_block, queries),
+        _weigh(v_block),
+        drop(keep),
       )
+
+    def one_key_block(j, inner):
+      k_block, v_block = blocks.read(k, row, j), blocks.read(v, row, j)
+      return update(inner, k_block, v_block, blocks.keep(rng, rate, step, j))
 
     shape = (blocks.tile_rows, blocks.block, 1)
     inner = jax.lax.fori_loop(
@@ -187,16 +200,16 @@ def _causal_forward(q, k, v, tiles, rate, rng):
     )
     k_block, v_block = blocks.read(k, row, i), blocks.read(v, row, i)
     keep = blocks.keep(rng, rate, step, i)
-    parts = []
-    for queries, keys in blocks.sub_blocks():
-      parts.append(
-        common.online_softmax_update(
-          tuple(x[:, queries] for x in inner),
-          blocks.logits(q_block[:, queries], k_block[:, keys], queries),
-          _weigh(v_block[:, keys]),
-          drop(None if keep is None else keep[:, queries, keys]),
-        )
+    parts = [
+      update(
+        tuple(x[:, queries] for x in inner),
+        k_block[:, keys],
+        v_block[:, keys],
+        blocks.sub_keep(keep, queries, keys),
+        queries,
       )
+      for queries, keys in blocks.sub_blocks()
+    ]
     running_max, denominator, numerator = (
       jnp.concatenate(x, axis=1) for x in zip(*parts)
     )
@@ -284,7 +297,7 @@ def _causal_backward(tiles, rate, residuals, d_out):
       d_q_part, d_k_part, d_v_part = gradients(
         k_block[:, keys],
         v_block[:, keys],
-        None if keep is None else keep[:, queries, keys],
+        blocks.sub_keep(keep, queries, keys),
         queries,
       )
       d_q_parts.append(d_q_part)
