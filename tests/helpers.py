@@ -1,7 +1,9 @@
 """Shared test helpers: attention inputs, tree comparisons, data paths."""
 
+import gzip
 import importlib
 import os
+import pickle
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
@@ -9,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from trax_qkv import checkpoint_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(ROOT, '..', 'shared', 'data')
@@ -116,3 +120,57 @@ def tiny_validate_flags(tfds_dir, output_dir, steps, eval_every, *more):
     '--output_dir',
     str(output_dir),
   ]
+
+
+def plain_arrays(path):
+  """The arrays of a `.npy.gz` file, read as Trax 1.4.1 reads them."""
+  arrays = []
+  with gzip.open(path) as f:
+    while True:
+      try:
+        arrays.append(np.load(f, allow_pickle=False))
+      except Exception:
+        return arrays
+
+
+def assert_same(a, b):
+  """`a` and `b`, two unpickled checkpoints, hold the same: containers of
+  the same types, bit-identical arrays, equal values and objects."""
+  from trax import shapes
+
+  if isinstance(a, dict):
+    assert type(a) is type(b)
+    assert sorted(a) == sorted(b)
+    for key in a:
+      assert_same(a[key], b[key])
+  elif isinstance(a, (list, tuple)):
+    assert type(a) is type(b) and len(a) == len(b)
+    for x, y in zip(a, b):
+      assert_same(x, y)
+  elif isinstance(a, shapes.ShapeDtype):
+    assert (a.shape, a.dtype) == (b.shape, b.dtype)
+  elif hasattr(a, 'dtype'):
+    assert np.asarray(a).dtype == np.asarray(b).dtype
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+  elif hasattr(a, '__dict__'):  # Trax's History
+    assert type(a) is type(b)
+    assert_same(vars(a), vars(b))
+  else:
+    assert a == b
+
+
+def assert_loads_as_pickle(directory):
+  for name in sorted(os.listdir(directory)):
+    path = os.path.join(directory, name)
+    if name.endswith('.pkl.gz'):
+      with gzip.open(path) as f:
+        expected = pickle.load(f)
+      assert_same(
+        checkpoint_files.unpickle_from_file(path, gzip=True), expected
+      )
+    elif name.endswith('.pkl'):
+      with open(path, 'rb') as f:
+        expected = pickle.load(f)
+      assert_same(checkpoint_files.unpickle_from_file(path), expected)
+    elif name.endswith('.npy.gz'):
+      assert_same(checkpoint_files.np_from_file(path), plain_arrays(path))

@@ -5,16 +5,20 @@ and gzipped `.npy` streams (`model.weights.npy.gz`, `model.opt_slots0.npy.gz`).
 Unpickling a file runs whatever callables it names, so a model directory
 from someone else could run any command. `unpickle` admits only the
 objects a real checkpoint holds (numpy and JAX arrays, dtypes and scalars,
-`trax.shapes.ShapeDtype`, containers and builtin values) and refuses any
-other before it is called, naming the file and the object; it is pickle's
-own C unpickler otherwise, at pickle's speed. `np_from_file` is Trax's,
-except that a truncated or damaged file is an error instead of a shorter
-list of arrays. `trax_qkv.patches` makes Trax read through both.
+`trax.shapes.ShapeDtype`, Trax's `History`, containers and builtin values)
+and refuses any other before it is called, naming the file and the object;
+it is pickle's own C unpickler otherwise, at pickle's speed. `trusting`
+opens one file you trust to plain pickle, for one block. `np_from_file` is
+Trax's, except that a truncated or damaged file is an error instead of a
+shorter list of arrays. `trax_qkv.patches` makes Trax read through both.
 
 This module imports neither Trax nor JAX.
 """
 
+import collections
 import contextlib
+import contextvars
+import functools
 import gzip as gzip_lib
 import io
 import os
@@ -23,10 +27,23 @@ import zlib
 
 import numpy as np
 
-# (module, name) of every global a checkpoint written by trax.supervised's
-# Loop or Layer.save_to_file refers to (numpy 1 and 2 spellings), and of
-# the builtin containers and values pickle may name. Each is a class or a
-# function that only builds data from data.
+# Every global that a checkpoint written by Trax 1.4.1 names, by writer, and
+# the builtin containers and values pickle itself may name. Each entry is a
+# class or function that only builds data from data when the unpickler calls
+# it; a class instance is filled by setting its `__dict__` (none of these
+# defines `__setstate__`). What the writers name, found by reading their
+# pickles (tests/supervised/test_safe_inputs.py writes each one):
+# - `training.Loop.save_checkpoint`: a dict of ints, strings, numpy arrays,
+#   `ShapeDtype`s and the history as plain dicts and lists;
+# - `trainer_lib.Trainer.save_state`: the same, inline weights and slots
+#   (bfloat16 ones too), `opt_params` of JAX arrays, and the `History`
+#   itself, whose values are `defaultdict(list)`s. (Its `_TrainerState` and
+#   `_OptState` named tuples cannot be pickled: their names are not their
+#   module's attributes.)
+# - `Layer.save_to_file`, `trax.data`'s data counters, `trax.rl`'s task and
+#   trainer files: dicts, lists and arrays, the task files' trajectories.
+# Weights and optimizer slots in their own `.npy.gz` files are read without
+# unpickling (`np_from_file`).
 ALLOWED_GLOBALS = frozenset(
   [
     ('builtins', name)
@@ -50,7 +67,9 @@ ALLOWED_GLOBALS = frozenset(
   + [
     ('_codecs', 'encode'),  # bytes in protocol-2 pickles
     ('collections', 'OrderedDict'),
-    ('collections', 'defaultdict'),  # Trax's History
+    # Trax's History; admitted through `_defaultdict`, which checks the
+    # factory (a defaultdict calls it later, for every missing key).
+    ('collections', 'defaultdict'),
     ('numpy', 'dtype'),
     ('numpy', 'ndarray'),
     ('numpy.core.multiarray', '_reconstruct'),
@@ -61,13 +80,20 @@ ALLOWED_GLOBALS = frozenset(
     ('numpy._core.numeric', '_frombuffer'),
     ('jax._src.array', '_reconstruct_array'),  # jax.Array state
     ('trax.shapes', 'ShapeDtype'),  # the input signature
+    ('trax.supervised.history', 'History'),  # trainer_lib's metrics
     # trax.rl's task files (RLTask.save_to_file) read through the same
     # Trax function: trajectories of named tuples and arrays.
     ('trax.rl.task', 'Trajectory'),
     ('trax.rl.task', 'TimeStepBatch'),
     ('trax.rl.task', 'EnvInfo'),
   ]
+  # The scalar type that the numpy dtype of bfloat16 weights names.
+  + [('ml_dtypes', 'bfloat16')]
 )
+
+# The factories a checkpoint's defaultdict may have: types that build an
+# empty value from nothing.
+DEFAULTDICT_FACTORIES = (None, list, dict, set, int, float, str, tuple)
 
 
 class CheckpointFileError(ValueError):
@@ -90,6 +116,19 @@ def file_name(file):
   return name if isinstance(name, str) else '<file>'
 
 
+def _defaultdict(file, factory=None, *args):
+  """`collections.defaultdict` for the unpickler of `file`: a factory
+  outside DEFAULTDICT_FACTORIES is refused (the dict would call it later,
+  for every missing key)."""
+  if factory not in DEFAULTDICT_FACTORIES:
+    raise UnsafeCheckpointError(
+      f'{file} holds a defaultdict whose factory is {factory!r}, which no '
+      'Trax checkpoint holds: refusing to load it, since the dict would '
+      f'call it. {_TRUST_HINT}'
+    )
+  return collections.defaultdict(factory, *args)
+
+
 class _CheckpointUnpickler(pickle.Unpickler):
   """pickle.Unpickler that resolves only ALLOWED_GLOBALS."""
 
@@ -102,9 +141,49 @@ class _CheckpointUnpickler(pickle.Unpickler):
       raise UnsafeCheckpointError(
         f'{self._name} refers to {module}.{name}, which no Trax checkpoint '
         'holds: refusing to load it, since unpickling it could run code. '
-        'Load only model directories written by trax_qkv or Trax.'
+        f'{_TRUST_HINT}'
       )
+    if (module, name) == ('collections', 'defaultdict'):
+      return functools.partial(_defaultdict, self._name)
     return super().find_class(module, name)
+
+
+_TRUST_HINT = (
+  'Load only model directories written by trax_qkv or Trax; to load a '
+  'file you trust anyway, read it inside '
+  '`with trax_qkv.checkpoint_files.trusting(path):`.'
+)
+
+# Real paths of the files `trusting` opened to plain pickle, per context.
+_trusted = contextvars.ContextVar('trax_qkv_trusted_files', default=())
+
+
+@contextlib.contextmanager
+def trusting(*paths):
+  """Within the block, the pickle files at `paths` are read by plain
+  `pickle.load`, with everything it may run: the opt-out for a file that
+  `unpickle` refuses and that you trust (you wrote it, with objects of your
+  own). Every other file stays restricted, as it does outside the block
+  and in other threads.
+
+      with trax_qkv.checkpoint_files.trusting('old/model.pkl.gz'):
+        model.init_from_file('old/model.pkl.gz')
+
+  Args:
+    *paths: the `.pkl` / `.pkl.gz` files to trust, as paths.
+  """
+  for path in paths:
+    if not isinstance(path, (str, os.PathLike)):
+      raise TypeError(
+        f'trusting takes file paths (str or os.PathLike); got {path!r}.'
+      )
+  token = _trusted.set(
+    _trusted.get() + tuple(os.path.realpath(p) for p in paths)
+  )
+  try:
+    yield
+  finally:
+    _trusted.reset(token)
 
 
 def unpickle(file):
@@ -122,6 +201,8 @@ def unpickle(file):
     CorruptCheckpointError: the file is truncated or not a (gzip) pickle.
   """
   name = file_name(file)
+  if name != '<file>' and os.path.realpath(name) in _trusted.get():
+    return pickle.load(file)
   try:
     return _CheckpointUnpickler(file, name).load()
   except UnsafeCheckpointError:

@@ -3,7 +3,8 @@
 `apply()` runs once, when `trax_qkv` is imported (calling it again does
 nothing). None of these changes numerics or a model: the first three fix
 crashes of trax 1.4.1 on current JAX, the fourth keeps checkpoint files
-from running code. They are written for the trax and jax versions that
+from running code, the fifth lets `training.Loop` restore what Trax's
+older trainer wrote. They are written for the trax and jax versions that
 trax_qkv's own package metadata requires (setup.cfg); with others
 `apply()` warns. (Making trax.models' attention selectable is not a fix
 to Trax: `models.registry.install` does it, beside the sites.)
@@ -20,13 +21,18 @@ to Trax: `models.registry.install` does it, beside the sites.)
 3. `trax.layers.acceleration.on_cpu`: Trax moves optimizer slots `on_cpu`,
    which now collapses such a sharded array onto CPU device 0 and `pmap`
    rejects it; an array already in CPU memory is left where it is.
-4. `pickle` in `trax.supervised.training`, `trax.layers.base` and
-   `trax.data.inputs`, and `trax.layers.np_from_file`: every checkpoint,
-   weight, optimizer-slot and data-counter file Trax reads (`Loop`,
-   `init_from_file`, `trainer_lib`) goes through
+4. `pickle` in `trax.supervised.training`, `trax.layers.base`,
+   `trax.data.inputs` and `trax.rl.training`, and `trax.layers.np_from_file`:
+   every checkpoint, weight, optimizer-slot, data-counter and RL file Trax
+   reads (`Loop`, `init_from_file`, `trainer_lib`, `trax.rl`) goes through
    `trax_qkv.checkpoint_files`, which refuses objects that no checkpoint
    holds (unpickling them could run code) and reports a truncated weights
    or slots file instead of returning fewer arrays. Writing is Trax's.
+5. `trax.supervised.history.History.from_dict`: `Loop` restores a
+   checkpoint's history with it, and a checkpoint of `trainer_lib.Trainer`
+   (Trax's trainer before `Loop`) holds the `History` itself, not its dict,
+   so `Loop` crashed on one (`'History' object has no attribute 'items'`).
+   A `History` is read as the dict it holds.
 """
 
 import contextlib
@@ -44,6 +50,8 @@ from trax.data import inputs as trax_inputs
 import trax.layers
 from trax.layers import acceleration
 from trax.layers import base as trax_layers_base
+from trax.rl import training as trax_rl_training
+from trax.supervised import history as trax_history
 from trax.supervised import training as trax_training
 
 from trax_qkv import checkpoint_files
@@ -57,7 +65,13 @@ fastmath_numpy = importlib.import_module('trax.fastmath.numpy')
 _original_tree_unflatten = fastmath_numpy.tree_unflatten
 _original_on_cpu = acceleration.on_cpu
 _original_np_from_file = trax_layers_base.np_from_file
-_CHECKPOINT_READERS = (trax_training, trax_layers_base, trax_inputs)
+_original_history_from_dict = trax_history.History.from_dict.__func__
+_CHECKPOINT_READERS = (
+  trax_training,
+  trax_layers_base,
+  trax_inputs,
+  trax_rl_training,
+)
 _applied = False
 
 
@@ -133,8 +147,14 @@ def _on_cpu(x):
   return fastmath.nested_map(move, x)
 
 
+def _history_from_dict(cls, json_object):
+  if isinstance(json_object, trax_history.History):
+    json_object = json_object.to_dict()
+  return _original_history_from_dict(cls, json_object)
+
+
 def apply():
-  """Applies patches 1-4 (see the module doc); idempotent."""
+  """Applies patches 1-5 (see the module doc); idempotent."""
   global _applied
   if _applied:
     return
@@ -162,6 +182,7 @@ def apply():
   _set_checkpoint_readers(
     checkpoint_files.SafePickleModule(), checkpoint_files.np_from_file
   )
+  trax_history.History.from_dict = classmethod(_history_from_dict)
   _applied = True
 
 

@@ -17,6 +17,7 @@ import textwrap
 import threading
 
 from helpers import CONFIGS
+from helpers import assert_loads_as_pickle
 from helpers import command
 from helpers import tiny_train_bindings
 from helpers import tiny_validate_flags
@@ -24,7 +25,6 @@ import numpy as np
 import pytest
 import trax
 from trax import layers as tl
-from trax import shapes
 from trax.supervised import training as trax_training
 
 from trax_qkv import checkpoint_files
@@ -255,86 +255,10 @@ def test_a_slot_file_holding_objects_is_refused(run, tmp_path, capsys):
 # ---------------------------------------- what Trax writes still loads exactly
 
 
-def _plain_arrays(path):
-  """The arrays of a `.npy.gz` file, read as Trax 1.4.1 reads them."""
-  arrays = []
-  with gzip.open(path) as f:
-    while True:
-      try:
-        arrays.append(np.load(f, allow_pickle=False))
-      except Exception:
-        return arrays
-
-
-def _assert_same(a, b):
-  if isinstance(a, dict):
-    assert sorted(a) == sorted(b)
-    for key in a:
-      _assert_same(a[key], b[key])
-  elif isinstance(a, (list, tuple)):
-    assert type(a) is type(b) and len(a) == len(b)
-    for x, y in zip(a, b):
-      _assert_same(x, y)
-  elif isinstance(a, shapes.ShapeDtype):
-    assert (a.shape, a.dtype) == (b.shape, b.dtype)
-  elif hasattr(a, 'dtype'):
-    assert np.asarray(a).dtype == np.asarray(b).dtype
-    assert np.array_equal(np.asarray(a), np.asarray(b))
-  else:
-    assert a == b
-
-
-def _assert_loads_as_pickle(directory):
-  for name in sorted(os.listdir(directory)):
-    path = os.path.join(directory, name)
-    if name.endswith('.pkl.gz'):
-      with gzip.open(path) as f:
-        expected = pickle.load(f)
-      _assert_same(
-        checkpoint_files.unpickle_from_file(path, gzip=True), expected
-      )
-    elif name.endswith('.pkl'):
-      with open(path, 'rb') as f:
-        expected = pickle.load(f)
-      _assert_same(checkpoint_files.unpickle_from_file(path), expected)
-    elif name.endswith('.npy.gz'):
-      _assert_same(checkpoint_files.np_from_file(path), _plain_arrays(path))
-
-
-@pytest.mark.slow
-def test_checkpoints_of_trax_and_of_this_package_load_bit_for_bit(
-  run, tmp_path
-):
-  # ResumableLoop's (a validate run) ...
-  _assert_loads_as_pickle(run / 'out' / 'reference')
-  # ... Trax's own Loop and Layer.save_to_file.
-  model = tl.Serial(tl.Dense(3), tl.BatchNorm(axis=(0,)))
-
-  def batches():
-    rng = np.random.RandomState(0)
-    while True:
-      x = rng.randn(4, 5).astype(np.float32)
-      yield x, x[:, :3], np.ones((4, 3), np.float32)
-
-  loop = trax_training.Loop(
-    model,
-    [
-      trax_training.TrainTask(
-        batches(), tl.L2Loss(), trax.optimizers.Adam(0.01)
-      )
-    ],
-    output_dir=str(tmp_path / 'loop'),
-  )
-  loop.run(2)
-  _assert_loads_as_pickle(tmp_path / 'loop')
-  model.save_to_file(
-    str(tmp_path / 'layer.pkl.gz'),
-    input_signature=shapes.signature(next(batches())[0]),
-  )
-  _assert_loads_as_pickle(tmp_path)
-  restored = tl.Serial(tl.Dense(3), tl.BatchNorm(axis=(0,)))
-  restored.init_from_file(str(tmp_path / 'layer.pkl.gz'))
-  _assert_same(list(restored.weights), list(model.weights))
+def test_checkpoints_of_this_package_load_bit_for_bit(run):
+  """ResumableLoop's (a validate run); Trax's own writers are in
+  test_trax_checkpoints.py."""
+  assert_loads_as_pickle(run / 'out' / 'reference')
 
 
 # --------------------------------------------------- damaged model directories
@@ -706,7 +630,7 @@ RELEASE_0_2_0 = os.path.join(
 def test_a_model_directory_of_release_0_2_0_loads_bit_for_bit(tmp_path):
   model = tmp_path / 'model'
   shutil.copytree(RELEASE_0_2_0, model)
-  _assert_loads_as_pickle(model)
+  assert_loads_as_pickle(model)
   checkpointing.check_checkpoint_files(str(model))
 
 
@@ -809,20 +733,3 @@ def test_a_damaged_run_config_is_named(tmp_path):
     r' Choose a new --output_dir.',
   ):
     config_lib.check_same_run(config_lib.ValidationConfig(), str(tmp_path))
-
-
-def test_trax_rl_trajectories_load_as_pickle(tmp_path):
-  from trax.rl import task as rl_task
-
-  trajectory = rl_task.Trajectory(np.zeros(3, np.float32))
-  trajectory.extend(
-    action=1,
-    dist_inputs=np.ones(2),
-    reward=0.5,
-    done=False,
-    new_observation=np.ones(3, np.float32),
-  )
-  path = tmp_path / 'task_epoch1.pkl'
-  trax_training.pickle_to_file([trajectory], str(path), gzip=True)
-  (loaded,) = trax_training.unpickle_from_file(str(path), gzip=True)
-  assert repr(loaded) == repr(trajectory)
