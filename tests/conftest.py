@@ -1,9 +1,33 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 
 # Keep TensorFlow's C++ start-up chatter out of test logs.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+
+def pytest_configure(config):
+  """One XLA compilation cache for the whole run: both xdist workers and
+  every process the tests start (they inherit the environment) share it.
+  The suite builds the same tiny Transformers in many tests and commands,
+  and on XLA:CPU compiling their programs is most of a test's time; a
+  program read from the cache is the one that was compiled, so every
+  result is the same. JAX_COMPILATION_CACHE_DIR, when set, is used as is
+  (e.g. to keep the cache between runs of the quick loop)."""
+  if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+    # Set once, by the controller, before the workers start.
+    config._xla_cache_dir = tempfile.mkdtemp(prefix='trax_qkv_tests_xla_')
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = config._xla_cache_dir
+  # Tiny programs compile in well under JAX's default thresholds.
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+
+
+def pytest_unconfigure(config):
+  if getattr(config, '_xla_cache_dir', None):
+    shutil.rmtree(config._xla_cache_dir, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -68,6 +68,19 @@ def require_shared_data(name):
   return path
 
 
+def shared_data_dir(tmp_path):
+  """The TFDS data directory that every test of the run shares (both
+  xdist workers and the processes tests start), from a test's `tmp_path`
+  or a directory `tmp_path_factory.mktemp` made: each data set and
+  vocabulary is prepared in it once, under trax_qkv's data-dir lock, as by
+  concurrent runs sharing a data_dir. Tests of data preparation itself
+  use their own directory."""
+  root = os.path.dirname(os.path.abspath(tmp_path))  # pytest's basetemp
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    root = os.path.dirname(root)  # the run's, above each worker's
+  return os.path.join(root, 'shared_tfds')
+
+
 def command(name):
   """The console command `trax_qkv.cli.<name>` (its build_parser and main),
   so that tests run it in-process."""

@@ -1,8 +1,10 @@
 """trax_qkv.patches: every change to Trax, applied once, version-guarded."""
 
 import importlib.metadata
+import re
 import warnings
 
+from packaging import requirements
 import pytest
 from trax import fastmath
 import trax.layers
@@ -39,14 +41,15 @@ def test_installed_versions_are_the_tested_ones():
 
 def test_guarded_versions_come_from_our_package_metadata():
   required = patches.required_versions()
-  pins = [
-    line
-    for line in importlib.metadata.requires('trax_qkv')
-    if line.startswith(('trax==', 'jax=='))
-  ]
-  assert sorted(f'{name}{spec}' for name, spec in required.items()) == (
-    sorted(pins)
-  )
+  declared = {
+    requirement.name: requirement.specifier
+    for requirement in map(
+      requirements.Requirement, importlib.metadata.requires('trax_qkv')
+    )
+    if requirement.name in ('trax', 'jax')
+  }
+  assert required == declared
+  assert set(required) == set(patches.PATCHED_PACKAGES)
 
 
 def test_other_versions_warn(monkeypatch):
@@ -58,12 +61,32 @@ def test_other_versions_warn(monkeypatch):
   )
   assert patches.untested_versions() == ['trax 1.5.0']
   monkeypatch.setattr(patches, '_applied', False)
+  required = patches.required_versions()
   with pytest.warns(
     patches.UntestedVersionWarning,
-    match=r'written for trax ==1\.4\.1 and jax ==0\.10\.2; '
-    r'found trax 1\.5\.0',
+    match=re.escape(
+      f'written for trax {required["trax"]} and jax {required["jax"]}; '
+      'found trax 1.5.0'
+    ),
   ):
     patches.apply()
+
+
+@pytest.mark.parametrize(
+  'jax_version,warns',
+  [('0.10.2', False), ('0.12.0.1', False), ('0.13.0', True)],
+)
+def test_only_versions_outside_the_tested_range_warn(jax_version, warns):
+  real = importlib.metadata.version
+  with pytest.MonkeyPatch.context() as m:
+    m.setattr(
+      patches.importlib.metadata,
+      'version',
+      lambda name: jax_version if name == 'jax' else real(name),
+    )
+    assert patches.untested_versions() == (
+      [f'jax {jax_version}'] if warns else []
+    )
 
 
 def test_trainer_loop_class_is_scoped():

@@ -18,6 +18,7 @@ import time
 from helpers import CONFIGS
 from helpers import ROOT
 from helpers import command
+from helpers import shared_data_dir
 from helpers import tiny_train_bindings
 from helpers import tiny_validate_flags
 import numpy as np
@@ -43,7 +44,7 @@ def _cli(*argv):
 def _train_argv(tmp_path, output_dir, steps, eval_frequency):
   argv = ['train', '--config_file', os.path.join(CONFIGS, 'reference.gin')]
   for binding in tiny_train_bindings(
-    str(tmp_path / 'tfds'), steps=steps, eval_frequency=eval_frequency
+    shared_data_dir(tmp_path), steps=steps, eval_frequency=eval_frequency
   ):
     argv += ['--config', binding]
   return argv + ['--output_dir', str(output_dir)]
@@ -51,7 +52,7 @@ def _train_argv(tmp_path, output_dir, steps, eval_frequency):
 
 def _validate_argv(tmp_path, output_dir):
   return ['validate'] + tiny_validate_flags(
-    tmp_path / 'tfds',
+    shared_data_dir(tmp_path),
     output_dir,
     30,
     10,
@@ -176,7 +177,7 @@ def test_two_processes_validate_as_one_process_with_two_devices(tmp_path):
 def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
   tmp_path,
 ):
-  steps = 200
+  steps = 60
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
   argv = _train_argv(tmp_path, uninterrupted, steps, eval_frequency=10)
   assert _trax_qkv_cli.run('train', argv[1:] + ['--local_processes', '2']) == 0

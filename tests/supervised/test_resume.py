@@ -17,6 +17,7 @@ import time
 from helpers import CONFIGS
 from helpers import ROOT
 from helpers import command
+from helpers import shared_data_dir
 from helpers import tiny_train_bindings
 from helpers import tiny_validate_flags
 import jax
@@ -97,8 +98,8 @@ def _assert_same_run(dir_a, dir_b):
 
 @pytest.mark.slow
 def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
-  tfds_dir = str(tmp_path / 'tfds')
-  bindings = tiny_train_bindings(tfds_dir, steps=400, eval_frequency=50)
+  tfds_dir = shared_data_dir(tmp_path)
+  bindings = tiny_train_bindings(tfds_dir, steps=120, eval_frequency=20)
 
   def argv(output_dir):
     return [
@@ -115,9 +116,9 @@ def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   # The first run also prepares the data.
   assert train_script.main(argv(uninterrupted)[3:]) == 0
   killed_at = _kill_at_checkpoint(
-    argv(resumed), str(resumed), 100, tmp_path / 'killed.log'
+    argv(resumed), str(resumed), 40, tmp_path / 'killed.log'
   )
-  assert 100 <= killed_at < 400
+  assert 40 <= killed_at < 120
   assert train_script.main(argv(resumed)[3:]) == 0
   _assert_same_run(str(uninterrupted), str(resumed))
 
@@ -126,10 +127,10 @@ def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
 def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   def argv(output_dir):
     return ['-m', '_trax_qkv_cli', 'validate'] + tiny_validate_flags(
-      tmp_path / 'tfds',
+      shared_data_dir(tmp_path),
       output_dir,
-      400,
-      50,
+      120,
+      20,
       '--implementations',
       'reference',
       '--beam_sentences',
@@ -139,21 +140,21 @@ def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
   assert validate_script.main(argv(uninterrupted)[3:]) == 0
   killed_at = _kill_at_checkpoint(
-    argv(resumed), str(resumed / 'reference'), 100, tmp_path / 'killed.log'
+    argv(resumed), str(resumed / 'reference'), 40, tmp_path / 'killed.log'
   )
-  assert 100 <= killed_at < 400
+  assert 40 <= killed_at < 120
   assert validate_script.main(argv(resumed)[3:]) == 0
   _assert_same_run(str(uninterrupted / 'reference'), str(resumed / 'reference'))
   step_losses = _checkpoint(str(resumed / 'reference'))[0]['history'][
     '_values'
   ]['train']['metrics/step_loss']
-  assert [step for step, _ in step_losses] == list(range(1, 401))
+  assert [step for step, _ in step_losses] == list(range(1, 121))
   # Training time adds up over the killed run and its restart: every step
   # counted once.
   step_seconds = _checkpoint(str(resumed / 'reference'))[0]['history'][
     '_values'
   ]['train']['metrics/step_seconds']
-  assert [step for step, _ in step_seconds] == list(range(1, 401))
+  assert [step for step, _ in step_seconds] == list(range(1, 121))
   summary = json.loads((resumed / 'summary.json').read_text())['reference']
   assert summary['train_seconds'] == pytest.approx(
     sum(seconds for _, seconds in step_seconds)
@@ -324,7 +325,7 @@ for config, dropout in (('reference.gin', 0.0), ('reference.gin', 0.1),
 @pytest.mark.slow
 def test_two_device_data_parallel_matches_one_device_and_builtin(tmp_path):
   bindings = tiny_train_bindings(
-    str(tmp_path / 'tfds'), steps=30, eval_frequency=30
+    shared_data_dir(tmp_path), steps=30, eval_frequency=30
   )
   one_device = tmp_path / 'one_device'
   training.train_from_configs(

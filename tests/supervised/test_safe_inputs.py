@@ -19,6 +19,7 @@ import threading
 from helpers import CONFIGS
 from helpers import assert_loads_as_pickle
 from helpers import command
+from helpers import shared_data_dir
 from helpers import tiny_train_bindings
 from helpers import tiny_validate_flags
 import numpy as np
@@ -51,7 +52,7 @@ def _tiny_config(base, **changes):
     **dict(
       dict(
         dataset='trax_qkv_numbers/tiny',
-        data_dir=str(base / 'tfds'),
+        data_dir=shared_data_dir(base),
         vocab_size=200,
         d_model=16,
         d_ff=32,
@@ -128,7 +129,7 @@ def _validate_argv(run, out, steps=6):
   # The tiny run, smaller still (a later flag wins) and without beams or
   # heat maps.
   return tiny_validate_flags(
-    run / 'tfds', out, steps, 3,
+    shared_data_dir(run), out, steps, 3,
     '--d_model', '16', '--d_ff', '32', '--batch_size', '8',
     '--implementations', 'reference', '--max_test_sentences', '2',
     '--beam_sentences', '0', '--heatmap_sentences', '0',
@@ -145,7 +146,7 @@ def _train_argv(run, out, steps=4, eval_frequency=2):
     (
       ['--config', b]
       for b in tiny_train_bindings(
-        str(run / 'tfds'), steps, eval_frequency, d_model=16
+        str(shared_data_dir(run)), steps, eval_frequency, d_model=16
       )
     ),
     [],

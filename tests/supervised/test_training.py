@@ -6,6 +6,7 @@ import re
 import gin
 from helpers import CONFIGS
 from helpers import command
+from helpers import shared_data_dir
 from helpers import tiny_train_bindings as _tiny_bindings
 import pytest
 from trax.supervised import training as trax_training
@@ -46,7 +47,7 @@ def test_every_config_parses(config, implementation):
 @pytest.mark.parametrize('config', ['trax.gin', 'reference.gin'])
 def test_trains_and_resumes(tmp_path, config):
   out = tmp_path / 'run'
-  tfds_dir = str(tmp_path / 'tfds')
+  tfds_dir = shared_data_dir(tmp_path)
   config_file = os.path.join(CONFIGS, config)
   assert (
     train_script.main(
@@ -87,7 +88,7 @@ def test_checkpoint_of_another_model_size(tmp_path, capsys):
   out = tmp_path / 'run'
 
   def argv(d_model):
-    bindings = _tiny_bindings(str(tmp_path / 'tfds'), 2, d_model=d_model)
+    bindings = _tiny_bindings(shared_data_dir(tmp_path), 2, d_model=d_model)
     return [
       '--config_file',
       os.path.join(CONFIGS, 'reference.gin'),

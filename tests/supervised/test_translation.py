@@ -10,6 +10,7 @@ import textwrap
 
 from helpers import ROOT
 from helpers import command
+from helpers import shared_data_dir
 import numpy as np
 import pytest
 
@@ -32,7 +33,7 @@ def tiny_run(tmp_path_factory):
   base = tmp_path_factory.mktemp('tiny_run')
   config = config_lib.ValidationConfig(
     dataset='trax_qkv_numbers/tiny',
-    data_dir=str(base / 'tfds'),
+    data_dir=shared_data_dir(base),
     vocab_size=1,
     d_model=32,
     d_ff=64,
@@ -264,7 +265,7 @@ def test_a_second_run_on_a_held_output_dir_is_refused(tmp_path):
       validation.run_validation(
         config_lib.ValidationConfig(
           dataset='trax_qkv_numbers/tiny',
-          data_dir=str(tmp_path / 'tfds'),
+          data_dir=shared_data_dir(tmp_path),
           vocab_size=200,
         ),
         str(tmp_path),

@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 from helpers import command
+from helpers import shared_data_dir
 import pytest
 
 from trax_qkv.supervised import scoring
@@ -97,7 +98,7 @@ def test_bad_config_is_rejected_before_any_work(tmp_path):
 def test_tiny_side_by_side_run_is_identical(tmp_path):
   config = config_lib.ValidationConfig(
     dataset='trax_qkv_numbers/tiny',
-    data_dir=str(tmp_path / 'tfds'),
+    data_dir=shared_data_dir(tmp_path),
     vocab_size=200,
     d_model=32,
     d_ff=64,
@@ -157,7 +158,7 @@ def test_tiny_run_with_reference_in_every_site_is_identical(tmp_path):
   same losses and decodes as Trax's layers; the report says what ran where."""
   config = config_lib.ValidationConfig(
     dataset='trax_qkv_numbers/tiny',
-    data_dir=str(tmp_path / 'tfds'),
+    data_dir=shared_data_dir(tmp_path),
     vocab_size=200,
     d_model=32,
     d_ff=64,
