@@ -19,6 +19,19 @@ SHARED_DATA = os.path.join(ROOT, '..', 'shared', 'data')
 CONFIGS = os.path.join(ROOT, 'configs')
 
 
+# The smallest trax.models.Transformer the model-level tests build
+# (vocabulary size aside).
+TINY_TRANSFORMER = dict(
+  d_model=16,
+  d_ff=32,
+  n_encoder_layers=1,
+  n_decoder_layers=1,
+  n_heads=2,
+  max_len=16,
+  dropout=0.0,
+)
+
+
 def qkv_inputs(
   batch=2,
   lq=5,

@@ -4,6 +4,7 @@ one `kernels.register` call works everywhere a kernel name is taken --
 `use_attention` in every site, and the benchmarks' lists -- with nothing
 else edited."""
 
+from helpers import TINY_TRANSFORMER
 from helpers import qkv_inputs
 import jax
 import jax.numpy as jnp
@@ -21,15 +22,7 @@ from trax_qkv.models import registry
 
 RTOL = 1e-5
 VOCAB = 40
-TRANSFORMER = dict(
-  d_model=16,
-  d_ff=32,
-  n_encoder_layers=1,
-  n_decoder_layers=1,
-  n_heads=2,
-  max_len=16,
-  dropout=0.0,
-)
+TRANSFORMER = TINY_TRANSFORMER
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import pickle
 import shutil
 import types
 
+from helpers import TINY_TRANSFORMER
 from helpers import assert_loads_as_pickle
 from helpers import assert_same
 from helpers import assert_trees_equal
@@ -39,15 +40,7 @@ from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
 
 VOCAB = 20
-CONFIG = dict(
-  d_model=16,
-  d_ff=32,
-  n_encoder_layers=1,
-  n_decoder_layers=1,
-  n_heads=2,
-  max_len=16,
-  dropout=0.0,
-)
+CONFIG = TINY_TRANSFORMER
 # Trax's own reading, then the one trax_qkv installs.
 READINGS = (
   ('plain', patches.trax_checkpoint_reading),
