@@ -30,9 +30,9 @@ import numpy as np
 # Every global that a checkpoint written by Trax 1.4.1 names, by writer, and
 # the builtin containers and values pickle itself may name. Each entry is a
 # class or function that only builds data from data when the unpickler calls
-# it; a class instance is filled by setting its `__dict__` (none of these
+# it (Trax's own classes here are filled by setting their `__dict__`; none
 # defines `__setstate__`). What the writers name, found by reading their
-# pickles (tests/supervised/test_safe_inputs.py writes each one):
+# pickles (tests/supervised/test_trax_checkpoints.py writes each one):
 # - `training.Loop.save_checkpoint`: a dict of ints, strings, numpy arrays,
 #   `ShapeDtype`s and the history as plain dicts and lists;
 # - `trainer_lib.Trainer.save_state`: the same, inline weights and slots
