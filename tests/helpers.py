@@ -148,6 +148,17 @@ def tiny_validate_flags(tfds_dir, output_dir, steps, eval_every, *more):
   ]
 
 
+class RunsCode:
+  """Unpickling this runs a shell command that creates `marker`: the
+  planted payload of the safe-reading tests."""
+
+  def __init__(self, marker):
+    self.marker = str(marker)
+
+  def __reduce__(self):
+    return (os.system, (f'touch {self.marker}',))
+
+
 def plain_arrays(path):
   """The arrays of a `.npy.gz` file, read as Trax 1.4.1 reads them."""
   arrays = []

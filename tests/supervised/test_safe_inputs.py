@@ -17,6 +17,7 @@ import textwrap
 import threading
 
 from helpers import CONFIGS
+from helpers import RunsCode
 from helpers import assert_loads_as_pickle
 from helpers import command
 from helpers import shared_data_dir
@@ -35,16 +36,6 @@ from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
 from trax_qkv.validation import config as config_lib
 from trax_qkv.validation import run as validation
-
-
-class _RunsCode:
-  """Unpickling this runs a shell command that creates `marker`."""
-
-  def __init__(self, marker):
-    self.marker = str(marker)
-
-  def __reduce__(self):
-    return (os.system, (f'touch {self.marker}',))
 
 
 def _tiny_config(base, **changes):
@@ -99,7 +90,7 @@ def _snapshot(directory):
 def _plant(checkpoint, marker):
   """Adds an entry to a checkpoint's metadata that runs code when
   unpickled (checking first that it does, with plain pickle)."""
-  payload = _RunsCode(marker)
+  payload = RunsCode(marker)
   pickle.loads(pickle.dumps(payload))
   assert marker.exists(), 'the payload should run under plain pickle'
   marker.unlink()
@@ -223,7 +214,7 @@ def test_planted_data_counters_are_refused_before_a_fresh_run(
   out = tmp_path / 'fresh'
   out.mkdir()
   with open(out / 'data_counters0.pkl', 'wb') as f:
-    pickle.dump({'trax_qkv_train': _RunsCode(marker)}, f)
+    pickle.dump({'trax_qkv_train': RunsCode(marker)}, f)
   _refused(
     capsys,
     (command('train').main, _train_argv(run, out)),
@@ -241,7 +232,7 @@ def test_a_slot_file_holding_objects_is_refused(run, tmp_path, capsys):
   with gzip.open(out / 'reference' / 'model.opt_slots0.npy.gz', 'wb') as f:
     np.save(
       f,
-      np.array([_RunsCode(tmp_path / 'marker')], dtype=object),
+      np.array([RunsCode(tmp_path / 'marker')], dtype=object),
       allow_pickle=True,
     )
   _refused(

@@ -17,6 +17,7 @@ import shutil
 import types
 
 from helpers import TINY_TRANSFORMER
+from helpers import RunsCode
 from helpers import assert_loads_as_pickle
 from helpers import assert_same
 from helpers import assert_trees_equal
@@ -295,14 +296,6 @@ def test_bfloat16_weights_load_as_pickle(tmp_path):
 # ----------------------------------------------- what stays refused, and why
 
 
-class _RunsCode:
-  def __init__(self, marker):
-    self.marker = str(marker)
-
-  def __reduce__(self):
-    return (os.system, (f'touch {self.marker}',))
-
-
 def _write(path, obj):
   with gzip.open(path, 'wb') as f:
     pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -313,7 +306,7 @@ def test_a_history_carrying_a_payload_is_refused(written, tmp_path):
   meta = checkpoint_files.unpickle_from_file(
     str(written['trainer_lib'] / 'model.pkl.gz'), gzip=True
   )
-  meta['history']._values['train']['planted'] = _RunsCode(tmp_path / 'x')
+  meta['history']._values['train']['planted'] = RunsCode(tmp_path / 'x')
   _write(path, meta)
   with pytest.raises(
     checkpoint_files.UnsafeCheckpointError, match='refers to posix.system'
@@ -355,7 +348,7 @@ def test_trusting_opens_one_file_for_one_block(tmp_path):
   marker = tmp_path / 'marker'
   trusted, other = tmp_path / 'trusted.pkl.gz', tmp_path / 'other.pkl.gz'
   for path in (trusted, other):
-    _write(path, {'flat_weights': [], 'x': _RunsCode(marker)})
+    _write(path, {'flat_weights': [], 'x': RunsCode(marker)})
   with checkpoint_files.trusting(trusted):
     with pytest.raises(checkpoint_files.UnsafeCheckpointError):
       trax_training.unpickle_from_file(str(other), gzip=True)
