@@ -1,7 +1,11 @@
 """trax_qkv.patches: every change to Trax, applied once, version-guarded."""
 
 import importlib.metadata
+import inspect
+import os
 import re
+import subprocess
+import sys
 import warnings
 
 from packaging import requirements
@@ -11,6 +15,7 @@ import trax.layers
 from trax.models import transformer as trax_transformer
 
 import trax_qkv
+from trax_qkv import import_patches
 from trax_qkv import patches
 
 
@@ -102,3 +107,78 @@ def test_trainer_loop_class_is_scoped():
   with training.trainer_loop_class(MyLoop):
     assert trainer_lib.training.Loop is MyLoop
   assert trainer_lib.training.Loop is original
+
+
+# ------------------------------------------------- patch 6: importing Trax
+
+
+def _decorator_line(message):
+  """The source line a `Defined at FILE:LINE ...` message points to."""
+  path, line = re.match(r'Defined at (.+):(\d+) ', message).groups()
+  with open(path) as f:
+    return f.read().splitlines()[int(line) - 1].strip()
+
+
+def test_assert_shape_messages_still_name_the_decorator_line():
+  assert_shape = sys.modules[import_patches.ASSERT_SHAPE_MODULE]
+  assert isinstance(assert_shape.inspect, import_patches.FramesOnlyInspect)
+  dense = trax.layers.Dense(4)  # a decorated class
+  attention = trax.layers.DotProductCausalAttention()
+  for layer in (dense, attention):
+    for check in (layer._before_assert_fun, layer._after_assert_fun):
+      assert _decorator_line(check._message).startswith('@assert_shape(')
+  relu = trax.layers.Relu()  # a decorated function: Serial of checks
+  for check in (relu.sublayers[0], relu.sublayers[-1]):
+    assert _decorator_line(check._message).startswith('@assert_shape(')
+
+
+def test_frames_only_stack_has_inspect_stacks_frames():
+  def frames():
+    fast = import_patches.FramesOnlyInspect().stack()
+    return [row[0] for row in fast], [row.frame for row in inspect.stack()]
+
+  fast, slow = frames()
+  assert fast == slow and fast[0].f_code.co_name == 'frames'
+  # A layer built at run time names its own caller, as before.
+  check = trax.layers.AssertShape('ab')
+  line = inspect.currentframe().f_lineno - 1
+  assert check._message == f'Defined at {__file__}:{line}'
+
+
+def test_installed_on_a_trax_already_imported(monkeypatch):
+  assert_shape = sys.modules[import_patches.ASSERT_SHAPE_MODULE]
+  monkeypatch.setattr(assert_shape, 'inspect', inspect)
+  import_patches.install()
+  assert isinstance(assert_shape.inspect, import_patches.FramesOnlyInspect)
+  monkeypatch.setattr(
+    import_patches.importlib.metadata,
+    'version',
+    lambda name: '1.5.0',
+  )
+  monkeypatch.setattr(assert_shape, 'inspect', inspect)
+  import_patches.install()  # an untested Trax is left as it is
+  assert assert_shape.inspect is inspect
+
+
+def test_importing_trax_qkv_first_patches_before_trax_uses_it():
+  # Trax's decorators run while `import trax_qkv` imports Trax: none of
+  # them may call the real inspect.stack().
+  code = (
+    'import inspect, sys\n'
+    'calls = []\n'
+    'real = inspect.stack\n'
+    'inspect.stack = lambda *a, **k: calls.append(1) or real(*a, **k)\n'
+    'import trax_qkv\n'
+    'module = sys.modules["trax.layers.assert_shape"]\n'
+    'print(len(calls), type(module.inspect).__name__)\n'
+    'print(trax_qkv.import_patches._Finder in map(type, sys.meta_path))\n'
+  )
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  out = subprocess.run(
+    [sys.executable, '-c', code],
+    capture_output=True,
+    text=True,
+    env=env,
+    check=True,
+  ).stdout.split()
+  assert out[-3:] == ['0', 'FramesOnlyInspect', 'False']

@@ -23,8 +23,11 @@ changes until you choose. Without Trax installed only `trax_qkv.kernels`
 
 import importlib.util
 
+from trax_qkv import import_patches as _import_patches
+
 __version__ = '0.3.0'
 
+_import_patches.install()  # before Trax is imported: patch 6 of patches
 try:
   import trax as _trax
 except ImportError as _error:  # JAX alone: the kernels still work

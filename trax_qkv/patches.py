@@ -1,13 +1,14 @@
-"""Every change trax_qkv makes to Trax's own code, in one place.
+"""Every change trax_qkv makes to Trax's own code, listed in one place.
 
 `apply()` runs once, when `trax_qkv` is imported (calling it again does
 nothing). None of these changes numerics or a model: the first three fix
 crashes of trax 1.4.1 on current JAX, the fourth keeps checkpoint files
 from running code, the fifth lets `training.Loop` restore what Trax's
-older trainer wrote. They are written for the trax and jax versions that
-trax_qkv's own package metadata requires (setup.cfg); with others
-`apply()` warns. (Making trax.models' attention selectable is not a fix
-to Trax: `models.registry.install` does it, beside the sites.)
+older trainer wrote, the sixth cuts most of the time importing Trax
+takes. They are written for the trax and jax versions that trax_qkv's
+own package metadata requires (setup.cfg); with others `apply()` warns.
+(Making trax.models' attention selectable is not a fix to Trax:
+`models.registry.install` does it, beside the sites.)
 
 1. `trax.fastmath.numpy.tree_unflatten`: resuming `training.Loop` from a
    checkpoint crashed: it tests `tree in copy_from_tree` (markers such as
@@ -33,6 +34,12 @@ to Trax: `models.registry.install` does it, beside the sites.)
    (Trax's trainer before `Loop`) holds the `History` itself, not its dict,
    so `Loop` crashed on one (`'History' object has no attribute 'items'`).
    A `History` is read as the dict it holds.
+6. `inspect` in `trax.layers.assert_shape`: importing Trax spent most of
+   its time building every stack frame's source context for the messages
+   of `@assert_shape`; the frames alone give the same messages. This one
+   must be in place before Trax is imported: `trax_qkv.import_patches`
+   holds it (and the version guard), and `trax_qkv/__init__` installs it
+   first.
 """
 
 import contextlib
@@ -43,7 +50,6 @@ import warnings
 
 import jax
 import numpy as np
-from packaging import requirements
 from trax import fastmath
 import trax.data
 from trax.data import inputs as trax_inputs
@@ -55,9 +61,10 @@ from trax.supervised import history as trax_history
 from trax.supervised import training as trax_training
 
 from trax_qkv import checkpoint_files
-
-# The packages whose code the patches change: their versions are guarded.
-PATCHED_PACKAGES = ('trax', 'jax')
+from trax_qkv import import_patches
+from trax_qkv.import_patches import PATCHED_PACKAGES  # noqa: F401
+from trax_qkv.import_patches import required_versions
+from trax_qkv.import_patches import untested_versions
 
 # The module itself: `trax.fastmath.numpy` as an attribute is the backend's
 # numpy (jax.numpy), not this file.
@@ -77,31 +84,6 @@ _applied = False
 
 class UntestedVersionWarning(UserWarning):
   """trax_qkv patches a Trax or JAX version it was not written for."""
-
-
-def required_versions():
-  """{package: specifier} of PATCHED_PACKAGES, as trax_qkv's installed
-  metadata requires them (setup.cfg); {} when trax_qkv runs uninstalled."""
-  try:
-    required = importlib.metadata.requires('trax_qkv') or []
-  except importlib.metadata.PackageNotFoundError:
-    return {}
-  found = {}
-  for line in required:
-    requirement = requirements.Requirement(line)
-    if requirement.name in PATCHED_PACKAGES and not requirement.marker:
-      found[requirement.name] = requirement.specifier
-  return found
-
-
-def untested_versions():
-  """'package version' for each of PATCHED_PACKAGES whose installed version
-  is not the one trax_qkv requires."""
-  return [
-    f'{package} {importlib.metadata.version(package)}'
-    for package, specifier in required_versions().items()
-    if importlib.metadata.version(package) not in specifier
-  ]
 
 
 def _tree_unflatten(flat, tree, copy_from_tree=None):
@@ -154,7 +136,7 @@ def _history_from_dict(cls, json_object):
 
 
 def apply():
-  """Applies patches 1-5 (see the module doc); idempotent."""
+  """Applies patches 1-6 (see the module doc); idempotent."""
   global _applied
   if _applied:
     return
@@ -183,6 +165,7 @@ def apply():
     checkpoint_files.SafePickleModule(), checkpoint_files.np_from_file
   )
   trax_history.History.from_dict = classmethod(_history_from_dict)
+  import_patches.install()  # if Trax was imported before trax_qkv
   _applied = True
 
 
