@@ -4,6 +4,8 @@ one `kernels.register` call works everywhere a kernel name is taken --
 `use_attention` in every site, and the benchmarks' lists -- with nothing
 else edited."""
 
+import dataclasses
+
 from helpers import TINY_TRANSFORMER
 from helpers import qkv_inputs
 import jax
@@ -130,3 +132,34 @@ def test_gin_selects_it_in_every_site(toy):
 def test_the_benchmarks_list_it(toy):
   assert 'toy' in kernel_bench.implementations_for(jnp.float32)
   assert 'toy' in layer_bench.contenders()
+
+
+def _projection_types(layer):
+  found = set()
+  for sublayer in layer.sublayers:
+    if type(sublayer).__name__ in ('Dense', 'RowsDense'):
+      found.add(type(sublayer).__name__)
+    found |= _projection_types(sublayer)
+  return found
+
+
+def test_the_records_traits_choose_the_projection(toy):
+  exact = dataclasses.replace(toy_kernel.RECORD, name='toy_exact', exact=True)
+  kernels.register(exact)
+  try:
+    for implementation, projection in (
+      ('toy', 'RowsDense'),
+      ('auto', 'RowsDense'),
+      ('toy_exact', 'Dense'),
+      ('reference', 'Dense'),
+    ):
+      for layer in (
+        trax_qkv.AttentionQKV(16, n_heads=2, implementation=implementation),
+        trax_qkv.CausalAttention(16, n_heads=2, implementation=implementation),
+      ):
+        assert _projection_types(layer) == {projection}, implementation
+  finally:
+    kernels.unregister('toy_exact')
+  # A kernel that does not count its logits gets no roof ceiling.
+  assert toy_kernel.RECORD.logits_computed is None
+  assert [k.name for k in kernels.KERNELS.values() if k.exact] == ['reference']

@@ -39,9 +39,7 @@ import trax_qkv
 from trax_qkv.benchmarks import layers as layer_bench
 from trax_qkv.benchmarks import models as model_bench
 from trax_qkv.benchmarks import timing
-from trax_qkv.kernels import causal as causal_kernel
 from trax_qkv.kernels import dispatch
-from trax_qkv.kernels import fused
 from trax_qkv.models import registry
 
 BUILTIN = registry.BUILTIN
@@ -53,10 +51,6 @@ CROSS = (4, 1024, 256, 8)  # queries and keys alike
 LM_CASE = 'TransformerLM 2x2048'
 QUICK_CAUSAL, QUICK_CROSS = (2, 256, 128, 4), (2, 128, 128, 4)
 QUICK_LM = 'TransformerLM 2x256'
-# Matmuls per computed logit, forward and backward: the reference keeps
-# the weights for its backward; the blockwise kernels recompute q k^T
-# there from the saved logsumexp, one matmul more.
-MATMULS_PER_LOGIT = {'reference': (2, 4), 'fused': (2, 5)}
 
 
 def causal_flops(batch, length, d):
@@ -72,49 +66,37 @@ def cross_flops(batch, length, d):
   return 3 * layer_bench.attention_flops(batch, length, length, d)
 
 
-def _kernel(name, call):
-  """The kernel a contender runs for `call`: the built-in runs the
-  reference's math."""
-  return 'reference' if name == BUILTIN else dispatch.resolve(name, call).name
-
-
-def _executed(kernel, projections, logits, d_head):
-  """Forward + backward FLOPs of a layer's matmuls when `kernel` computes
-  `logits` (query, key) pairs per pass; None for a kernel not counted
-  here."""
-  if kernel not in MATMULS_PER_LOGIT:
+def _executed(name, call, projections, d_head):
+  """Forward + backward FLOPs of the matmuls contender `name` executes for
+  `call`: the projections, and per logit its kernel computes (`Kernel.
+  logits_computed`) its `matmuls_per_logit`; None for a kernel that does
+  not count them. The built-in runs the reference's math."""
+  kernel = (
+    dispatch.KERNELS[dispatch.REFERENCE]
+    if name == BUILTIN
+    else dispatch.resolve(name, call)
+  )
+  if kernel.matmuls_per_logit is None or kernel.logits_computed is None:
     return None
-  return 3 * projections + sum(MATMULS_PER_LOGIT[kernel]) * 2 * d_head * logits
+  matmuls = sum(kernel.matmuls_per_logit)
+  return 3 * projections + matmuls * 2 * d_head * kernel.logits_computed(call)
 
 
 def causal_executed_flops(name, batch, length, d, heads):
   """As `causal_flops`, for the matmuls contender `name` executes: the
   reference computes all L * L logits, the causal kernel its blocks."""
-  rows, d_head = batch * heads, d // heads
-  shape = (rows, length, d_head)
-  kernel = _kernel(
-    name, dispatch.Call(shape, shape, jnp.float32, 1, causal=True)
-  )
-  logits = (
-    causal_kernel.logits_computed(rows, length)
-    if kernel == 'fused'
-    else rows * length * length
-  )
+  shape = (batch * heads, length, d // heads)
+  call = dispatch.Call(shape, shape, jnp.float32, 1, causal=True)
   projections = layer_bench.projection_flops(batch, length, length, d)
-  return _executed(kernel, projections, logits, d_head)
+  return _executed(name, call, projections, d // heads)
 
 
 def cross_executed_flops(name, batch, length, d, heads):
   """As `cross_flops`, for the matmuls contender `name` executes."""
   shape = (batch, length, d)
-  kernel = _kernel(name, dispatch.Call(shape, shape, jnp.float32, heads))
-  logits = (
-    fused.logits_computed(batch, heads, length, length)
-    if kernel == 'fused'
-    else batch * heads * length * length
-  )
+  call = dispatch.Call(shape, shape, jnp.float32, heads)
   projections = layer_bench.projection_flops(batch, length, length, d)
-  return _executed(kernel, projections, logits, d // heads)
+  return _executed(name, call, projections, d // heads)
 
 
 def _causal_layer(name, d, heads):

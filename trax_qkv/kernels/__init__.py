@@ -38,6 +38,7 @@ from trax_qkv.kernels import fused
 from trax_qkv.kernels import reference
 from trax_qkv.kernels.dispatch import AUTO
 from trax_qkv.kernels.dispatch import KERNELS
+from trax_qkv.kernels.dispatch import REFERENCE
 from trax_qkv.kernels.dispatch import Call
 from trax_qkv.kernels.dispatch import Kernel
 from trax_qkv.kernels.dispatch import attend
@@ -47,6 +48,7 @@ from trax_qkv.kernels.dispatch import check_supported
 from trax_qkv.kernels.dispatch import choose
 from trax_qkv.kernels.dispatch import may_project_in_blocks
 from trax_qkv.kernels.dispatch import names
+from trax_qkv.kernels.dispatch import projects_rows
 from trax_qkv.kernels.dispatch import register
 from trax_qkv.kernels.dispatch import resolve
 from trax_qkv.kernels.dispatch import unregister

@@ -30,6 +30,8 @@ CHUNKED_MIN_KEYS = 4096
 # floats (4 MB): nothing to tile, and its backward, which keeps the weights
 # instead of recomputing them, is the cheaper one there.
 REFERENCE_MAX_LOGITS = 2**20
+# The kernel of Trax's own math: the default, and what the built-in runs.
+REFERENCE = 'reference'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +89,16 @@ class Kernel:
     attend_projecting: None, or `attend` that also takes `project_kv` and
       `kv_params` and projects K and V one key block at a time
       (`layers.attention.KeyBlockProjectedAttention`).
+    exact: it is Trax's `_per_head_attention`, operation for operation, so
+      its outputs and gradients are the built-in layers' bit for bit. The
+      layers then project with Trax's `Dense` (any other kernel gets
+      `RowsDense`: the same weights, faster gradients) and may keep a
+      cached K and V split into heads (`CachedKVAttention`).
+    matmuls_per_logit: (forward, backward) matmuls per computed logit, for
+      the roof bench's ceilings; None where not counted.
+    logits_computed: f(Call) -> the (query, key) logits one pass computes
+      (a blockwise kernel pads, and computes masked triangles); None where
+      not counted.
   """
 
   name: str
@@ -97,6 +109,9 @@ class Kernel:
   auto_when: Callable = _never
   auto_priority: float = math.inf
   attend_projecting: Callable | None = None
+  exact: bool = False
+  matmuls_per_logit: tuple | None = None
+  logits_computed: Callable | None = None
 
 
 def _reference_attend(q, k, v, mask, n_heads, **dropout):
@@ -124,6 +139,13 @@ def _cudnn_cached(q, ks, vs, index, mask):
   return cudnn.cudnn_attention(q, ks, vs, mask[:, None], 1)
 
 
+def _blockwise_logits(call):
+  rows_or_batch, lq, _ = call.q_shape
+  if call.causal:
+    return causal.logits_computed(rows_or_batch, lq)
+  return fused.logits_computed(rows_or_batch, call.n_heads, lq, call.k_shape[1])
+
+
 def _reference_wins(call):
   # On a GPU the loop steps of the blockwise kernels run one after another
   # and lose to XLA's own fusions of the reference (docs/benchmarks.md).
@@ -138,12 +160,16 @@ def _reference_wins(call):
 
 _BUILTIN_KERNELS = (
   Kernel(
-    'reference',
+    REFERENCE,
     _reference_attend,
     _reference_causal,
     _reference_cached,
     auto_when=_reference_wins,
     auto_priority=2,
+    exact=True,
+    # It keeps the weights for its backward; it computes every logit.
+    matmuls_per_logit=(2, 4),
+    logits_computed=lambda call: call.n_logits,
   ),
   Kernel(
     'fused',
@@ -152,6 +178,9 @@ _BUILTIN_KERNELS = (
     _blockwise_cached,
     auto_when=lambda call: True,
     auto_priority=3,
+    # Its backward recomputes q k^T from the saved logsumexp.
+    matmuls_per_logit=(2, 5),
+    logits_computed=_blockwise_logits,
   ),  # whatever is left
   Kernel(
     'chunked',
@@ -231,6 +260,13 @@ def check_supported(implementation, dtype=None, dropout_rate=0.0):
     )
 
 
+def projects_rows(implementation):
+  """Whether layers running `implementation` project with `RowsDense`:
+  every implementation but an exact kernel (`Kernel.exact`)."""
+  kernel = KERNELS.get(implementation)
+  return kernel is None or not kernel.exact
+
+
 def may_project_in_blocks(implementation):
   """Whether `implementation` may run a kernel with `attend_projecting`."""
   if implementation == AUTO:
@@ -282,7 +318,7 @@ def attend(
   n_heads,
   dropout_rate=0.0,
   dropout_rng=None,
-  implementation='reference',
+  implementation=REFERENCE,
 ):
   """Multi-head attention with the kernel `implementation` resolves to.
 

@@ -91,7 +91,8 @@ class CachedKVPureAttention(PureAttention):
   `AttentionQKV(cache_KV_in_predict=True)` in 'predict' mode.
 
   There K and V are the same in every call (the encoder output, projected
-  once), so where the reference kernel runs their heads are split, and
+  once), so where an exact kernel runs (`Kernel.exact`) their heads are
+  split, and
   the keys transposed for q k^T, in the first call only and kept in the
   state: every later decoding step skips two transposes of the whole
   (batch, heads, Lk, d_head) K and V (docs/decoding.md). The product is
@@ -103,7 +104,7 @@ class CachedKVPureAttention(PureAttention):
   def forward(self, inputs):
     self.check_inputs(inputs)
     q, k, v, mask = inputs
-    if self.kernel_for(q, k).name != 'reference':
+    if not self.kernel_for(q, k).exact:
       return super().forward(inputs)
     if not self.state:
       self.state = (
@@ -267,9 +268,7 @@ def AttentionQKV(
   checks.check_sparsity('q_sparsity', q_sparsity, d_feature)
   checks.check_sparsity('result_sparsity', result_sparsity, d_feature)
 
-  # Any implementation but the bit-identical reference projects with
-  # RowsDense (faster gradients, same weights).
-  dense = core.Dense if implementation == 'reference' else RowsDense
+  dense = RowsDense if kernels.projects_rows(implementation) else core.Dense
 
   def _Projection(layer_sparsity):
     if layer_sparsity is None:

@@ -164,9 +164,7 @@ def CausalAttention(
   checks.check_n_heads(n_heads)
   checks.check_d_feature(d_feature, n_heads)
 
-  # As in AttentionQKV: any implementation but the bit-identical reference
-  # projects with RowsDense (faster gradients, same weights).
-  dense = core.Dense if implementation == 'reference' else RowsDense
+  dense = RowsDense if kernels.projects_rows(implementation) else core.Dense
 
   def _Projection():
     if use_dconv:

@@ -63,7 +63,7 @@ class KernelLayer(base.Layer):
     """The `kernels.Kernel` that runs for inputs shaped like q and k
     ('viz' runs 'reference')."""
     if self._mode == 'viz':
-      return kernels.KERNELS['reference']
+      return kernels.KERNELS[kernels.REFERENCE]
     return kernels.resolve(self._implementation, self._call(q, k))
 
   def implementation_for(self, q, k):
