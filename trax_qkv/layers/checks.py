@@ -102,31 +102,39 @@ def check_qkv_inputs(inputs, n_heads=None):
       f'K and V must have the same length; got K {k.shape} and V {v.shape}.'
     )
   if n_heads is not None:
-    if q.shape[2] != k.shape[2]:
-      raise ValueError(
-        'Q and K must have the same feature size; got Q '
-        f'{q.shape} and K {k.shape}.'
-      )
-    for name, x in (('Q', q), ('V', v)):
-      if x.shape[2] % n_heads:
-        raise ValueError(
-          f'{name} feature size ({x.shape[2]}) must be divisible by n_heads '
-          f'({n_heads}).'
-        )
+    _check_projected(q, k, v, n_heads)
   if mask is not None:
-    shape = tuple(mask.shape)
-    if (
-      len(shape) != 4
-      or shape[0] not in (1, batch)
-      or shape[1] != 1
-      or shape[2] not in (1, lq)
-      or shape[3] != lk
-    ):
+    _check_mask(mask, batch, lq, lk)
+
+
+def _check_projected(q, k, v, n_heads):
+  if q.shape[2] != k.shape[2]:
+    raise ValueError(
+      'Q and K must have the same feature size; got Q '
+      f'{q.shape} and K {k.shape}.'
+    )
+  for name, x in (('Q', q), ('V', v)):
+    if x.shape[2] % n_heads:
       raise ValueError(
-        'mask must be broadcastable to (batch, 1, Lq, Lk) = '
-        f'({batch}, 1, {lq}, {lk}), i.e. shape (batch or 1, 1, 1 or Lq, '
-        f'Lk); got {shape}.'
+        f'{name} feature size ({x.shape[2]}) must be divisible by n_heads '
+        f'({n_heads}).'
       )
+
+
+def _check_mask(mask, batch, lq, lk):
+  shape = tuple(mask.shape)
+  if (
+    len(shape) != 4
+    or shape[0] not in (1, batch)
+    or shape[1] != 1
+    or shape[2] not in (1, lq)
+    or shape[3] != lk
+  ):
+    raise ValueError(
+      'mask must be broadcastable to (batch, 1, Lq, Lk) = '
+      f'({batch}, 1, {lq}, {lk}), i.e. shape (batch or 1, 1, 1 or Lq, '
+      f'Lk); got {shape}.'
+    )
 
 
 def check_causal_inputs(inputs):

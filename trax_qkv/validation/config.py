@@ -122,6 +122,14 @@ class ValidationConfig:
 
   def check(self):
     """Raises ValueError naming the first setting that cannot be used."""
+    self._check_numbers()
+    self._check_schedule()
+    self.keys = data_lib.check_keys(self.keys)
+    self._check_counts()
+    scoring.check_bleu_tokenize(self.bleu_tokenize)
+    self._check_sites_and_implementations()
+
+  def _check_numbers(self):
     for name in (
       'vocab_size',
       'd_model',
@@ -148,23 +156,6 @@ class ValidationConfig:
         'learning_rate must be a finite number > 0; got '
         f'{self.learning_rate!r}.'
       )
-    try:  # Trax's schedule names its unknown factors only when called
-      lr_schedules.multifactor(
-        factors=self.lr_factors, warmup_steps=self.warmup_steps
-      )(1)
-    except (ValueError, AttributeError) as e:
-      raise ValueError(
-        f'lr_factors must be factor names joined by "*" that Trax\'s '
-        f"multifactor schedule knows, e.g. 'constant * linear_warmup * "
-        f"rsqrt_decay'; got {self.lr_factors!r} ({e})."
-      ) from None
-    self.keys = data_lib.check_keys(self.keys)
-    for name in ('beam_sentences', 'heatmap_sentences'):
-      value = getattr(self, name)
-      if value is None and name == 'beam_sentences':
-        continue
-      if not isinstance(value, int) or value < 0:
-        raise ValueError(f'{name} must be an int >= 0; got {value!r}.')
     if self.d_model % self.n_heads:
       raise ValueError(
         f'd_model ({self.d_model}) must be divisible by '
@@ -175,7 +166,28 @@ class ValidationConfig:
         raise ValueError(
           f'{name} must be in [0, 1); got {getattr(self, name)}.'
         )
-    scoring.check_bleu_tokenize(self.bleu_tokenize)
+
+  def _check_schedule(self):
+    try:  # Trax's schedule names its unknown factors only when called
+      lr_schedules.multifactor(
+        factors=self.lr_factors, warmup_steps=self.warmup_steps
+      )(1)
+    except (ValueError, AttributeError) as e:
+      raise ValueError(
+        f'lr_factors must be factor names joined by "*" that Trax\'s '
+        f"multifactor schedule knows, e.g. 'constant * linear_warmup * "
+        f"rsqrt_decay'; got {self.lr_factors!r} ({e})."
+      ) from None
+
+  def _check_counts(self):
+    for name in ('beam_sentences', 'heatmap_sentences'):
+      value = getattr(self, name)
+      if value is None and name == 'beam_sentences':
+        continue
+      if not isinstance(value, int) or value < 0:
+        raise ValueError(f'{name} must be an int >= 0; got {value!r}.')
+
+  def _check_sites_and_implementations(self):
     if not self.sites or any(site not in registry.SITES for site in self.sites):
       raise ValueError(
         f'sites must name one or more of '
