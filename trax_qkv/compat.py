@@ -15,7 +15,8 @@ import trax.models
 
 from trax_qkv.models import registry
 
-REMOVED_IN = '0.4.0'
+# Announced for 0.4.0 by 0.3.0; moved to 0.5.0 by 0.4.0 (CHANGELOG.md).
+REMOVED_IN = '0.5.0'
 # The first release's implementation names -> today's. Fixed: kernels added
 # since never had an old name.
 DEPRECATED_NAMES = {

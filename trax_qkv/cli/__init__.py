@@ -64,6 +64,7 @@ def attention_from_flags(args):
   Raises:
     ValueError: a site or name that the registry does not know.
   """
+  from trax_qkv import compat
   from trax_qkv.models import registry
 
   attention = dict(args.attention)
@@ -71,7 +72,8 @@ def attention_from_flags(args):
   if old is not None:
     print(
       'notice: --implementation is deprecated and will be removed in '
-      f'trax_qkv 0.4.0; use --attention cross_attention={old}.',
+      f'trax_qkv {compat.REMOVED_IN}; use --attention '
+      f'cross_attention={old}.',
       file=sys.stderr,
     )
     attention.setdefault('cross_attention', old)
