@@ -36,7 +36,7 @@ DEFAULT_BLOCK_SIZE = 512
 # Query sub-blocks per diagonal block: sub-block s reads key sub-blocks
 # 0..s only, so two of them compute 3/4 of a diagonal block's logits, not
 # all. The smaller matmuls take back much of the saving on XLA:CPU
-# (docs/benchmarks.md: "Diagonal sub-blocks").
+# (docs/benchmarks.md: "Attention against the matmul rate").
 DIAGONAL_SPLIT = 2
 # Cache positions per step of predict mode: an early token reads few.
 CACHE_BLOCK_SIZE = 128
@@ -231,7 +231,7 @@ def _causal_backward(tiles, rate, residuals, d_out):
   gathers in the step, dK and dV are added into their key block.
 
   dK and dV are accumulated transposed, (rows, d, L): XLA:CPU runs
-  'gqd,gqk->gdk' 1.5-2.4x as fast as 'gqk,gqd->gkd' at these shapes
+  'gqd,gqk->gdk' faster than 'gqk,gqd->gkd' at these shapes
   (docs/benchmarks.md: "Causal block size"). Q and dO are transposed once
   up front, so that dK and dV are plain (d, q) @ (q, k) products: XLA:CPU
   then runs them through the same (YNNPACK) path as the step's other

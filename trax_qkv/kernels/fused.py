@@ -229,8 +229,9 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
       keep,
     )
     d_q_step = jnp.einsum('gqk,gkd->gqd', d_logits, k_step) * tiling.scale
-    # dK and dV as (d_head, Lk): XLA:CPU runs 'gqd,gqk->gdk' several times
-    # faster than 'gqk,gqd->gkd' at these shapes (docs/benchmarks.md).
+    # dK and dV as (d_head, Lk): XLA:CPU runs 'gqd,gqk->gdk' faster than
+    # 'gqk,gqd->gkd' (docs/benchmarks.md: "Einsum order in the backward
+    # pass").
     return (
       tiling.write(d_q, d_q_step, step, True),
       d_k_t + jnp.einsum('gqd,gqk->gdk', q_step, d_logits),

@@ -106,9 +106,10 @@ TOP_K_BLOCK = 128
 def top_k(x, k, block=TOP_K_BLOCK):
   """`lax.top_k(x, k)` of a (rows, n) array, by blocks.
 
-  XLA's CPU top_k sorts the whole row: over 4 beams x 8192 tokens it took
-  longer than the model's step. The k best lie in the k blocks of `block`
-  values with the largest maxima (ties to the lower index, as top_k's):
+  XLA's CPU top_k sorts the whole row, which over beams x a vocabulary
+  costs more than the model's step (docs/decoding.md: "One program per
+  batch shape"). The k best lie in the k blocks of `block` values with
+  the largest maxima (ties to the lower index, as top_k's):
   each block ranked above one holding a top-k value holds a value ranked
   above it. So top_k runs on the block maxima and then on those k blocks,
   taken in index order so that equal values still come lowest index first.
@@ -132,8 +133,9 @@ def top_k(x, k, block=TOP_K_BLOCK):
 def argmax(x, block=TOP_K_BLOCK):
   """`jnp.argmax(x, axis=1)` of a (rows, n) array, by blocks.
 
-  XLA's CPU argmax (a reduce over (value, index) pairs) took longer per
-  value than the log-softmax before it. The first maximum lies in the
+  XLA's CPU argmax reduces over (value, index) pairs, which costs more
+  per value than the log-softmax before it (docs/benchmarks.md:
+  "Decoding"). The first maximum lies in the
   first block whose maximum is the largest (or, as argmax counts NaN as
   largest, in the first block holding a NaN), so a max over blocks, an
   argmax over their maxima and one over that block find it. The last
