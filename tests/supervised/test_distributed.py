@@ -26,6 +26,7 @@ import pytest
 from trax import layers as tl
 
 import _trax_qkv_cli
+import _trax_qkv_launcher as launcher
 from trax_qkv import checkpoint_files
 from trax_qkv.supervised import checkpointing
 
@@ -80,7 +81,7 @@ def _processes(argv, n, port, log_dir, ids=None):
         str(HEARTBEAT),
       ),
       cwd=ROOT,
-      env=_trax_qkv_cli.child_environment(),
+      env=launcher.child_environment(),
       stdout=subprocess.DEVNULL,
       stderr=open(log_dir / f'process{i}.log', 'w'),
     )
@@ -186,7 +187,7 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
   argv = _train_argv(tmp_path, resumed, steps, eval_frequency=10)
   logs = tmp_path / 'killed'
   logs.mkdir()
-  chief, other = _processes(argv, 2, _trax_qkv_cli.free_port(), logs)
+  chief, other = _processes(argv, 2, launcher.free_port(), logs)
   deadline = time.time() + 600
   while checkpointing.checkpoint_step(str(resumed)) < 20:
     assert chief.poll() is None and other.poll() is None, (
@@ -212,7 +213,7 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
   assert 20 <= kept < steps
   checkpointing.check_checkpoint_files(str(resumed))
 
-  for process in _processes(argv, 2, _trax_qkv_cli.free_port(), logs):
+  for process in _processes(argv, 2, launcher.free_port(), logs):
     assert process.wait(timeout=600) == 0
   _assert_same_checkpoint(uninterrupted, resumed)
 
@@ -245,7 +246,7 @@ def test_distributed_auto_joins_the_slurm_job_it_finds(tmp_path):
       ),
       cwd=ROOT,
       env=dict(
-        _trax_qkv_cli.child_environment(),
+        launcher.child_environment(),
         SLURM_JOB_ID=str(job),
         SLURM_STEP_NODELIST='127.0.0.1',
         SLURM_NTASKS='2',
@@ -275,7 +276,7 @@ def test_a_process_with_other_settings_stops_the_run_before_writing(
 ):
   out = tmp_path / 'out'
   argv = _train_argv(tmp_path, out, steps=20, eval_frequency=10)
-  port = _trax_qkv_cli.free_port()
+  port = launcher.free_port()
   (chief,) = _processes(argv, 2, port, tmp_path, ids=[0])
   (other,) = _processes(
     _train_argv(tmp_path, out, steps=30, eval_frequency=10),
@@ -343,7 +344,7 @@ def test_unreachable_coordinator_is_one_line(tmp_path, capsys):
   error = _main_fails(
     validate_script,
     ['--output_dir', str(out), '--coordinator_address']
-    + [f'127.0.0.1:{_trax_qkv_cli.free_port()}', '--num_processes', '2']
+    + [f'127.0.0.1:{launcher.free_port()}', '--num_processes', '2']
     + ['--process_id', '1', '--initialization_timeout', '2'],
     capsys,
   )
@@ -367,36 +368,3 @@ def test_coordinator_port_in_use_is_one_line(tmp_path, capsys):
     )
   assert f'process 0 cannot listen on port {port}' in error
   assert not out.exists()
-
-
-# ----------------------------------------------------------- local launcher
-
-
-def test_local_launcher_places_the_processes_itself(capsys):
-  assert (
-    _trax_qkv_cli.launch_local(
-      'train', ['--output_dir', 'x', '--process_id', '0'], 2
-    )
-    == 2
-  )
-  assert '--process_id itself' in capsys.readouterr().err
-  assert _trax_qkv_cli.launch_local('train', [], '0') == 2
-
-
-def test_local_launcher_flag_is_taken_out_of_the_children_argv():
-  n, rest = _trax_qkv_cli.local_processes(
-    ['--config', 'a = 1', '--local_processes', '3', '--output_dir', 'o']
-  )
-  assert n == '3'
-  assert rest == ['--config', 'a = 1', '--output_dir', 'o']
-
-
-def test_local_children_have_one_cpu_device_each():
-  env = _trax_qkv_cli.child_environment(
-    {'XLA_FLAGS': '--xla_force_host_platform_device_count=8 --xla_foo=1'}
-  )
-  assert env['JAX_PLATFORMS'] == 'cpu'
-  assert env['XLA_FLAGS'].split() == [
-    '--xla_foo=1',
-    '--xla_force_host_platform_device_count=1',
-  ]

@@ -34,7 +34,7 @@ from trax import layers as tl
 from trax import shapes
 from trax.supervised import training
 
-import _trax_qkv_cli
+import _trax_qkv_launcher as launcher
 from trax_qkv.benchmarks import models
 from trax_qkv.benchmarks import timing
 from trax_qkv.supervised import checkpointing
@@ -71,16 +71,16 @@ def measure(layout, steps, scratch):
   output = os.path.join(scratch, f'{layout.replace(" ", "_")}.json')
   if layout == 'one process':
     commands = [_worker_argv(steps, output)]
-    env = _trax_qkv_cli.child_environment(devices=2)
+    env = launcher.child_environment(devices=2)
   else:
-    port = _trax_qkv_cli.free_port()
+    port = launcher.free_port()
     commands = [
       _worker_argv(steps, output)
       + ['--coordinator_address', f'127.0.0.1:{port}']
       + ['--num_processes', '2', '--process_id', str(i), '--core', str(i)]
       for i in range(2)
     ]
-    env = _trax_qkv_cli.child_environment(devices=1)
+    env = launcher.child_environment(devices=1)
   logs = [f'{output[:-5]}_{i}.log' for i in range(len(commands))]
   processes = [
     subprocess.Popen(

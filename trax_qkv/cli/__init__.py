@@ -7,6 +7,8 @@ import hashlib
 import importlib.metadata
 import sys
 
+import _trax_qkv_launcher as launcher
+
 
 def new_parser(prog, doc):
   """A parser whose --help shows the command's module doc as written, and
@@ -85,12 +87,9 @@ def attention_from_flags(args):
 def positive_int(text):
   """argparse type: an int >= 1."""
   try:
-    value = int(text)
-  except ValueError:
-    value = 0
-  if value < 1:
-    raise argparse.ArgumentTypeError(f'must be an int >= 1; got {text!r}')
-  return value
+    return launcher.positive_int(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_positive_int(parser, flag, default, help):
@@ -135,7 +134,7 @@ def run_job(command, argv, args, fingerprint, job):
   for a run that stopped (its last checkpoint intact); prints errors.
 
   Args:
-    command: the command's name in `_trax_qkv_cli` ('train', 'validate').
+    command: one of `_trax_qkv_launcher.MULTI_PROCESS_COMMANDS`.
     argv: the command line (None: sys.argv[1:]).
     args: its parsed flags.
     fingerprint: a JSON-able dict of the settings every process of a run
@@ -144,31 +143,28 @@ def run_job(command, argv, args, fingerprint, job):
   """
   import contextlib
 
-  import _trax_qkv_cli
   from trax_qkv.supervised import checkpointing
   from trax_qkv.supervised import distributed
 
   if args.local_processes is not None:
-    _, rest = _trax_qkv_cli.local_processes(
+    _, rest = launcher.local_processes(
       sys.argv[1:] if argv is None else list(argv)
     )
-    return _trax_qkv_cli.launch_local(command, rest, args.local_processes)
+    return launcher.launch_local(command, rest, args.local_processes)
   who = 'error'
   try:
     settings = distributed.from_flags(args)
     if settings is not None and not settings.auto:
       who = f'error (process {settings.process_id})'
     quiet_start = (
-      contextlib.nullcontext
-      if args.verbose
-      else lambda: _trax_qkv_cli.to_devnull(2)
+      contextlib.nullcontext if args.verbose else lambda: launcher.to_devnull(2)
     )
     with distributed.joined(settings, fingerprint, quiet_start):
       # Only the chief prints progress: the others' would repeat it.
       with (
         contextlib.nullcontext()
         if distributed.is_chief()
-        else _trax_qkv_cli.to_devnull(1)
+        else launcher.to_devnull(1)
       ):
         job()
   except (ValueError, PermissionError) as e:  # the command line

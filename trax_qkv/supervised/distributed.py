@@ -46,6 +46,8 @@ from jax._src import distributed as jax_distributed
 from jax.experimental import multihost_utils
 import numpy as np
 
+import _trax_qkv_launcher as launcher
+
 CHIEF = 0
 DEFAULT_HEARTBEAT_TIMEOUT = 120
 DEFAULT_INITIALIZATION_TIMEOUT = 300
@@ -57,14 +59,11 @@ _WATCH_INTERVAL = 2.0
 # stopped with its last checkpoint intact, as the commands' own.
 EXIT_RUN = 1
 # The flags of `add_flags`: where this process is, not what the run does.
-PROCESS_FLAGS = (
-  'coordinator_address',
-  'num_processes',
-  'process_id',
-  'distributed',
-  'heartbeat_timeout',
-  'initialization_timeout',
-  'local_processes',
+PROCESS_FLAGS = tuple(
+  flag.removeprefix('--')
+  for flag in launcher.PLACEMENT_FLAGS
+  + ('--heartbeat_timeout', '--initialization_timeout')
+  + (launcher.LOCAL_PROCESSES_FLAG,)
 )
 
 
@@ -127,9 +126,8 @@ def add_flags(parser):
     help='how long to wait for the coordinator and the other processes '
     f'at start (default: {DEFAULT_INITIALIZATION_TIMEOUT})',
   )
-  group.add_argument(
-    '--local_processes',
-    type=int,
+  group.add_argument(  # an int >= 1, checked by the launcher
+    launcher.LOCAL_PROCESSES_FLAG,
     metavar='N',
     help='try it on this machine: start N processes on 127.0.0.1, one CPU '
     'device each, and wait for them',
