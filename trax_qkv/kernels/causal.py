@@ -21,6 +21,7 @@ it visits those blocks only.
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,20 +43,27 @@ DIAGONAL_SPLIT = 2
 CACHE_BLOCK_SIZE = 128
 
 
+class Tiles(NamedTuple):
+  """The geometry of a causal loop step."""
+
+  rows: int  # (batch entry, head) rows per step
+  block: int  # positions per query and key block
+  split: int  # query sub-blocks per diagonal block
+
+
 def _tiles(rows, length, block_size, target, diagonal_split=DIAGONAL_SPLIT):
-  """(rows per step, block length, diagonal sub-blocks): the block is
-  `block_size`, or the whole (8-aligned) length when shorter; rows are the
-  largest divisor of `rows` whose logits fit `target` floats (at least
-  one); the diagonal blocks split in `diagonal_split` if it divides them,
-  else not at all."""
-  block = min(block_size, -(-length // 8) * 8)
+  """The `Tiles` of (rows, length): the block is `block_size`, or the
+  whole (8-aligned) length when shorter; rows are the largest divisor of
+  `rows` whose logits fit `target` floats (at least one); the diagonal
+  blocks split in `diagonal_split` if it divides them, else not at all."""
+  block = min(block_size, common.ceil_div(length, 8) * 8)
   fitting = [
     g
     for g in range(1, rows + 1)
     if rows % g == 0 and g * block * block <= target
   ]
   split = diagonal_split if block % diagonal_split == 0 else 1
-  return (max(fitting) if fitting else 1), block, split
+  return Tiles(max(fitting) if fitting else 1, block, split)
 
 
 def logits_computed(
@@ -69,10 +77,9 @@ def logits_computed(
   the blocks below the diagonal whole, and of each diagonal block its
   sub-blocks, query sub-block s over key sub-blocks 0..s (a masked
   triangle included), of the padded length."""
-  _, block, split = _tiles(
-    rows, length, block_size, step_elements, diagonal_split
-  )
-  n_blocks = -(-length // block)
+  tiles = _tiles(rows, length, block_size, step_elements, diagonal_split)
+  block, split = tiles.block, tiles.split
+  n_blocks = common.ceil_div(length, block)
   sub = block // split
   below = n_blocks * (n_blocks - 1) // 2 * block * block
   diagonal = n_blocks * split * (split + 1) // 2 * sub * sub
@@ -84,8 +91,8 @@ class _Blocks:
 
   def __init__(self, q, tiles):
     self.rows, self.length, self.d_head = q.shape
-    self.tile_rows, self.block, split = tiles
-    self.sub = self.block // split
+    self.tile_rows, self.block = tiles.rows, tiles.block
+    self.sub = self.block // tiles.split
     self.n_blocks = self.length // self.block
     self.n_steps = (self.rows // self.tile_rows) * self.n_blocks
     self.scale = common.scale(self.d_head, q.dtype)
@@ -137,8 +144,6 @@ class _Blocks:
   def keep(self, rng, rate, step, j):
     """The dropout mask of key block j in outer step `step`, whole (the
     diagonal's sub-blocks take their slices of it)."""
-    if rate == 0.0:
-      return None
     shape = (self.tile_rows, self.block, self.block)
     return common.keep_mask(rng, step * self.n_blocks + j, rate, shape)
 
@@ -355,12 +360,17 @@ def causal_attention(
   """
   rows, length, _ = q.shape
   tiles = _tiles(rows, length, block_size, step_elements, diagonal_split)
-  pad = -length % tiles[1]
+  pad = common.padding(length, tiles.block)
   if pad:  # padded keys come after every real query, so causality hides them
     q, k, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (q, k, v))
-  if dropout_rng is None:
-    dropout_rng = jax.random.PRNGKey(0)  # unused when dropout_rate == 0
-  out = _causal_core(q, k, v, tiles, float(dropout_rate), dropout_rng)
+  out = _causal_core(
+    q,
+    k,
+    v,
+    tiles,
+    float(dropout_rate),
+    common.dropout_rng_or_unused(dropout_rng),
+  )
   return out[:, :length]
 
 

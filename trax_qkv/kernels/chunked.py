@@ -67,8 +67,7 @@ def chunked_attention(
   project_kv = project_kv or _unprojected
   lk = k.shape[1]
   block = min(block_size or DEFAULT_BLOCK_SIZE, lk)
-  n_blocks = -(-lk // block)
-  pad = n_blocks * block - lk
+  pad = common.padding(lk, block)
   sources = (k, v)
   qh = reference.split_heads(q, n_heads)
   qh = qh * common.scale(qh.shape[-1], qh.dtype)
@@ -80,10 +79,15 @@ def chunked_attention(
   if pad:  # the last block runs past Lk: pad, and mark the padding invalid
     sources = tuple(jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in sources)
     mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad)))
-  if dropout_rng is None:
-    dropout_rng = jax.random.PRNGKey(0)  # unused when dropout_rate == 0
   config = _ChunkConfig(project_kv, n_heads, block, lk, float(dropout_rate))
-  out = _chunked_core(config, qh, sources, kv_params, mask, dropout_rng)
+  out = _chunked_core(
+    config,
+    qh,
+    sources,
+    kv_params,
+    mask,
+    common.dropout_rng_or_unused(dropout_rng),
+  )
   return reference.merge_heads(out).astype(jnp.float32)
 
 
@@ -136,7 +140,7 @@ def _chunked_forward(config, qh, sources, kv_params, mask, rng):
     )
     vh = common.heads_last(v_block, config.n_heads)
     drop = None
-    if config.rate > 0.0:
+    if config.rate > 0.0:  # the mask's shape is the weights', known inside
       drop = lambda p: common.dropped(
         p, common.keep_mask(rng, index, config.rate, p.shape), config.rate
       )
@@ -195,11 +199,7 @@ def _chunked_backward(config, residuals, d_out):
     d_weights = jnp.einsum(
       'bhqd,bkhd->bhqk', d_out, common.heads_last(v_block, config.n_heads)
     )
-    keep = (
-      common.keep_mask(rng, index, config.rate, weights.shape)
-      if config.rate > 0.0
-      else None
-    )
+    keep = common.keep_mask(rng, index, config.rate, weights.shape)
     kept, d_logits = common.softmax_backward(
       weights, d_weights, row_sums, lse, config.rate, keep
     )

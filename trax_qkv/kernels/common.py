@@ -24,6 +24,22 @@ STEP_ELEMENTS = 2**19
 NEG_INF = -1e30
 
 
+def ceil_div(n, d):
+  """The number of blocks of `d` that cover `n`."""
+  return -(-n // d)
+
+
+def padding(n, d):
+  """How many positions fill `n` up to whole blocks of `d`."""
+  return -n % d
+
+
+def dropout_rng_or_unused(rng):
+  """The dropout key a kernel passes down: `rng`, or a fixed key that the
+  loop never reads (dropout rate 0) when the caller gave none."""
+  return jax.random.PRNGKey(0) if rng is None else rng
+
+
 def heads_last(x, n_heads):
   """(b, L, h * d_head) -> (b, L, h, d_head): a reshape, no copy."""
   batch, length, d = x.shape
@@ -96,7 +112,8 @@ def _mix(x):
 
 
 def keep_mask(rng, index, rate, shape):
-  """Dropout keep-mask of loop step `index`: True with probability 1 - rate.
+  """Dropout keep-mask of loop step `index`: True with probability 1 - rate;
+  None when rate is 0 (no dropout: `dropped` then keeps its input).
 
   Each element's bits are a keyed hash of its position in the step,
   mix(mix(position ^ k0) + k1), with (k0, k1) the step's JAX key
@@ -107,6 +124,8 @@ def keep_mask(rng, index, rate, shape):
   rate, and correlation between steps and neighbours), not for
   cryptography.
   """
+  if rate == 0.0:
+    return None
   k0, k1 = jax.random.fold_in(rng, index).astype(jnp.uint32).reshape(-1)[:2]
   position = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
   bits = _mix(_mix(position ^ k0) + k1)
@@ -116,7 +135,10 @@ def keep_mask(rng, index, rate, shape):
 
 def dropped(x, keep, rate):
   """x with the entries dropped by `keep` zeroed and the kept ones scaled by
-  1 / (1 - rate), so that the expectation is unchanged."""
+  1 / (1 - rate), so that the expectation is unchanged; x itself when
+  `keep` is None."""
+  if keep is None:
+    return x
   return jnp.where(keep, x / (1.0 - rate), 0.0)
 
 
@@ -131,9 +153,7 @@ def softmax_backward(weights, d_weights, row_sums, lse, rate, keep):
   lse rounds to -1e9 and every weight is 1: those rows are zeroed by a
   per-row factor, not a pass over the mask.
   """
-  kept = weights
-  if keep is not None:
-    kept = dropped(weights, keep, rate)
-    d_weights = dropped(d_weights, keep, rate)
+  kept = dropped(weights, keep, rate)
+  d_weights = dropped(d_weights, keep, rate)
   row_has_keys = (lse > MASK_FILL / 2).astype(weights.dtype)
   return kept, weights * ((d_weights - row_sums) * row_has_keys)

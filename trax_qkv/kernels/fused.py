@@ -12,6 +12,7 @@ all of them. Dropout masks are drawn per tile (same rate, other bits:
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +21,16 @@ from trax_qkv.kernels import common
 from trax_qkv.kernels.reference import MASK_FILL
 
 
+class Tiles(NamedTuple):
+  """The geometry of a 'fused' loop step."""
+
+  batch_entries: int
+  heads: int
+  queries: int
+
+
 def _step_tiles(batch, n_heads, lq, lk, target=common.STEP_ELEMENTS):
-  """(batch entries, heads, queries) per 'fused' step: the step's logits
-  fit `target` floats.
+  """The `Tiles` of a 'fused' step: its logits fit `target` floats.
 
   Whole batch entries while one entry's (heads, Lq, Lk) logits fit, as many
   as the largest divisor of `batch` allows; else heads of one entry, the
@@ -34,18 +42,18 @@ def _step_tiles(batch, n_heads, lq, lk, target=common.STEP_ELEMENTS):
     return max(g for g in range(1, n + 1) if n % g == 0 and g * size <= target)
 
   if n_heads * lq * lk <= target:
-    return largest_divisor(batch, n_heads * lq * lk), n_heads, lq
+    return Tiles(largest_divisor(batch, n_heads * lq * lk), n_heads, lq)
   if lq * lk <= target:
-    return 1, largest_divisor(n_heads, lq * lk), lq
-  n_blocks = -(-lq // max(1, target // lk))
-  return 1, 1, -(-lq // n_blocks)
+    return Tiles(1, largest_divisor(n_heads, lq * lk), lq)
+  n_blocks = common.ceil_div(lq, max(1, target // lk))
+  return Tiles(1, 1, common.ceil_div(lq, n_blocks))
 
 
 def logits_computed(batch, n_heads, lq, lk, step_elements=common.STEP_ELEMENTS):
   """(query, key) logits `fused_attention` computes, per pass over them:
   every key of every query, the queries padded to whole blocks."""
-  queries = _step_tiles(batch, n_heads, lq, lk, step_elements)[2]
-  return batch * n_heads * -(-lq // queries) * queries * lk
+  queries = _step_tiles(batch, n_heads, lq, lk, step_elements).queries
+  return batch * n_heads * common.ceil_div(lq, queries) * queries * lk
 
 
 class _Tiling:
@@ -59,7 +67,11 @@ class _Tiling:
   def __init__(self, q, k, mask, tiles, n_heads):
     self.batch, self.lq, d = q.shape
     self.lk = k.shape[1]
-    self.n_batch, self.n_heads_step, self.n_queries = tiles
+    self.n_batch, self.n_heads_step, self.n_queries = (
+      tiles.batch_entries,
+      tiles.heads,
+      tiles.queries,
+    )
     self.n_heads = n_heads
     self.d_head = d // n_heads
     self.rows = self.n_batch * self.n_heads_step  # (batch, head) pairs
@@ -170,9 +182,8 @@ def _fused_forward(q, k, v, mask, tiles, n_heads, rate, rng):
     row_max = jnp.max(logits, axis=-1, keepdims=True)
     unnormalised = jnp.exp(logits - row_max)
     step_lse = row_max + jnp.log(jnp.sum(unnormalised, axis=-1, keepdims=True))
-    if rate > 0.0:
-      keep = common.keep_mask(rng, step, rate, unnormalised.shape)
-      unnormalised = common.dropped(unnormalised, keep, rate)
+    keep = common.keep_mask(rng, step, rate, unnormalised.shape)
+    unnormalised = common.dropped(unnormalised, keep, rate)
     # exp(max - lse) rounds as the reference's exp(logits - lse) does: in a
     # fully masked row lse rounds to -1e9 and every key weighs 1.
     rows = jnp.einsum(
@@ -217,9 +228,7 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
     )
     weights = jnp.exp(logits - step_lse)
     d_weights = jnp.einsum('gqd,gkd->gqk', d_out_step, v_step)
-    keep = (
-      common.keep_mask(rng, step, rate, weights.shape) if rate > 0.0 else None
-    )
+    keep = common.keep_mask(rng, step, rate, weights.shape)
     kept, d_logits = common.softmax_backward(
       weights,
       d_weights,
@@ -300,7 +309,8 @@ def fused_attention(
   """
   batch, lq, _ = q.shape
   tiles = _step_tiles(batch, n_heads, lq, k.shape[1], step_elements)
-  pad = -lq % tiles[2]  # queries added to fill the last block: discarded
+  # Queries added to fill the last block: discarded.
+  pad = common.padding(lq, tiles.queries)
   if mask is None:
     mask = jnp.ones((1, 1, k.shape[1]), bool)
   else:
@@ -309,9 +319,14 @@ def fused_attention(
     q = jnp.pad(q, ((0, 0), (0, pad), (0, 0)))
     if mask.shape[1] > 1:
       mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)), constant_values=True)
-  if dropout_rng is None:
-    dropout_rng = jax.random.PRNGKey(0)  # unused when dropout_rate == 0
   out = _fused_core(
-    q, k, v, mask, tiles, n_heads, float(dropout_rate), dropout_rng
+    q,
+    k,
+    v,
+    mask,
+    tiles,
+    n_heads,
+    float(dropout_rate),
+    common.dropout_rng_or_unused(dropout_rng),
   )
   return out[:, :lq].astype(jnp.float32)
