@@ -19,17 +19,18 @@ SHARED_DATA = os.path.join(ROOT, '..', 'shared', 'data')
 CONFIGS = os.path.join(ROOT, 'configs')
 
 
-# The smallest trax.models.Transformer the model-level tests build
-# (vocabulary size aside).
+# The trax.models.Transformer / TransformerLM of the model-level tests:
+# two layers, so that a site that repeats per layer is tested repeated.
+# Vocabulary, mode and dropout are each test's own.
 TINY_TRANSFORMER = dict(
   d_model=16,
   d_ff=32,
-  n_encoder_layers=1,
-  n_decoder_layers=1,
-  n_heads=2,
-  max_len=16,
-  dropout=0.0,
+  n_encoder_layers=2,
+  n_decoder_layers=2,
+  n_heads=4,
+  max_len=32,
 )
+TINY_LM = dict(d_model=16, d_ff=32, n_layers=2, n_heads=4, max_len=32)
 
 
 def qkv_inputs(

@@ -4,6 +4,7 @@ a QkvDeprecationWarning that names what to use and the removal version."""
 import re
 
 import gin
+from helpers import TINY_TRANSFORMER
 import pytest
 import trax
 from trax import layers as tl
@@ -14,15 +15,7 @@ from trax_qkv import kernels
 from trax_qkv.models import registry
 
 VOCAB = 40
-CONFIG = dict(
-  d_model=32,
-  d_ff=64,
-  n_encoder_layers=1,
-  n_decoder_layers=1,
-  n_heads=4,
-  max_len=32,
-  mode='eval',
-)
+CONFIG = dict(TINY_TRANSFORMER, mode='eval')
 
 
 def _layer_types(model):

@@ -7,6 +7,8 @@ import tempfile
 import unittest
 
 import gin
+from helpers import TINY_LM
+from helpers import TINY_TRANSFORMER
 from helpers import assert_trees_equal
 import hypothesis
 import hypothesis.strategies as st
@@ -238,15 +240,8 @@ def test_bad_inputs_raise_before_any_work():
 
 # -- every site of trax.models -------------------------------------------------
 
-LM = dict(vocab_size=30, d_model=16, d_ff=32, n_layers=2, n_heads=4, max_len=32)
-TRANSFORMER = dict(
-  d_model=16,
-  d_ff=32,
-  n_encoder_layers=2,
-  n_decoder_layers=2,
-  n_heads=4,
-  max_len=32,
-)
+LM = dict(TINY_LM, vocab_size=30)
+TRANSFORMER = TINY_TRANSFORMER
 
 
 def _plugin_layer_names(model):

@@ -24,7 +24,7 @@ from trax_qkv.models import registry
 
 RTOL = 1e-5
 VOCAB = 40
-TRANSFORMER = TINY_TRANSFORMER
+TRANSFORMER = dict(TINY_TRANSFORMER, dropout=0.0)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ import os
 import tempfile
 
 import gin
+from helpers import TINY_TRANSFORMER
 from helpers import assert_trees_equal
 import jax
 import numpy as np
@@ -19,14 +20,7 @@ from trax_qkv.benchmarks import python_loop_decoding
 from trax_qkv.supervised import decoding
 
 VOCAB = 40
-CONFIG = dict(
-  d_model=32,
-  d_ff=64,
-  n_encoder_layers=2,
-  n_decoder_layers=2,
-  n_heads=4,
-  max_len=32,
-)
+CONFIG = TINY_TRANSFORMER
 RNG = jax.random.PRNGKey(0)
 
 

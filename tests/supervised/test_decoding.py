@@ -5,6 +5,7 @@ import io
 import os
 import sys
 
+from helpers import TINY_TRANSFORMER
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,15 +22,8 @@ from trax_qkv.supervised import search
 from trax_qkv.supervised import translation
 
 VOCAB = 40  # small enough that random weights often choose EOS
-CONFIG = dict(
-  d_model=32,
-  d_ff=64,
-  n_encoder_layers=2,
-  n_decoder_layers=2,
-  n_heads=4,
-  max_len=64,
-  dropout=0.0,
-)
+# max_len 64: room for the default decode length, 2 x the source + 10.
+CONFIG = dict(TINY_TRANSFORMER, max_len=64, dropout=0.0)
 RELEASE_0_2_0 = os.path.join(
   os.path.dirname(os.path.dirname(__file__)), 'fixtures', 'release_0.2.0'
 )

@@ -41,7 +41,7 @@ from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
 
 VOCAB = 20
-CONFIG = TINY_TRANSFORMER
+CONFIG = dict(TINY_TRANSFORMER, dropout=0.0)
 # Trax's own reading, then the one trax_qkv installs.
 READINGS = (
   ('plain', patches.trax_checkpoint_reading),
