@@ -25,7 +25,7 @@ import importlib.util
 
 from trax_qkv import import_patches as _import_patches
 
-__version__ = '0.3.0'
+__version__ = '0.4.0'
 
 _import_patches.install()  # before Trax is imported: patch 6 of patches
 try:
