@@ -80,7 +80,7 @@ def test_dropout_gradient_matches_forward_mode_derivative(block, split):
   q, k, v, cotangent = _qkv(3, 37, 8, seed=1)
   rng = jax.random.PRNGKey(4)
   tiles = causal._tiles(3, 37, block, 2**19, split)
-  pad = -37 % tiles[1]
+  pad = -37 % tiles.block
   q, k, v, cotangent = (
     jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (q, k, v, cotangent)
   )

@@ -151,11 +151,13 @@ def test_fused_dropout_gradient_matches_autodiff(mask_rows, layout):
     'lq_ne_lk' if mask_rows == 'keys' else 'partial_rows'
   )
   lq = q.shape[1]
-  tiles = {
-    'batch_entries': (2, n_heads, lq),
-    'heads': (1, 2, lq),
-    'query_blocks': (1, 1, 2 if lq % 2 == 0 else 1),
-  }[layout]
+  tiles = fused.Tiles(
+    *{
+      'batch_entries': (2, n_heads, lq),
+      'heads': (1, 2, lq),
+      'query_blocks': (1, 1, 2 if lq % 2 == 0 else 1),
+    }[layout]
+  )
   rest = (mask.astype(bool)[:, 0], tiles, n_heads, 0.3, jax.random.PRNGKey(4))
   cotangent = jax.random.normal(jax.random.PRNGKey(5), q.shape)
   grads = [
