@@ -22,8 +22,10 @@ from trax_qkv.supervised import search
 from trax_qkv.supervised import translation
 
 VOCAB = 40  # small enough that random weights often choose EOS
-# max_len 64: room for the default decode length, 2 x the source + 10.
-CONFIG = dict(TINY_TRANSFORMER, max_len=64, dropout=0.0)
+# Wider than the tiny model, so that its random weights (EOS favoured, see
+# `checkpoint`) end hypotheses at every length, not all at once; max_len
+# 64: room for the default decode length, 2 x the source + 10.
+CONFIG = dict(TINY_TRANSFORMER, d_model=32, d_ff=64, max_len=64, dropout=0.0)
 RELEASE_0_2_0 = os.path.join(
   os.path.dirname(os.path.dirname(__file__)), 'fixtures', 'release_0.2.0'
 )
