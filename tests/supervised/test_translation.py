@@ -3,6 +3,8 @@
 
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -113,6 +115,83 @@ def test_translate_gives_the_validate_decodes(tiny_run, n_beams, capsys):
     )
     == expected
   )
+
+
+def _line_within(stream, seconds):
+  """The next line of `stream` (a pipe), or None if none comes in time."""
+  ready, _, _ = select.select([stream], [], [], seconds)
+  return stream.readline().decode('utf-8').rstrip('\n') if ready else None
+
+
+@pytest.mark.slow
+def test_translates_line_by_line_on_a_terminal(tiny_run):
+  """Driven through a pseudo-terminal: each line typed is answered before
+  the next is typed, from one load of the model; a line too long for the
+  model is one error line and the session goes on; Ctrl-D ends it."""
+  config, out, _, _ = tiny_run
+  pairs, _ = _test_pairs(config)
+  sources = [s for s, _ in pairs[:3]]
+  model = str(out / 'reference')
+  translator = translation.Translator(model, batch_size=1)
+  expected = [translator.translate([s])[0] for s in sources]
+  terminal, keyboard = pty.openpty()
+  session = subprocess.Popen(
+    [sys.executable, '-m', '_trax_qkv_cli', 'translate', '--model_dir', model],
+    cwd=ROOT,
+    stdin=keyboard,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+  )
+  os.close(keyboard)
+  got = []
+  try:
+    for i, source in enumerate(sources):
+      if i == 1:
+        os.write(terminal, ('one ' * 200 + '\n').encode())
+      os.write(terminal, (source + '\n').encode())
+      got.append(_line_within(session.stdout, 300))
+    os.write(terminal, b'\x04')  # Ctrl-D at the start of a line: end
+    assert session.wait(timeout=60) == 0
+  finally:
+    session.kill()
+    os.close(terminal)
+  assert got == expected
+  errors = session.stderr.read().decode('utf-8')
+  assert errors.count('error: ') == 1 and 'longer than the model' in errors
+
+
+@pytest.mark.slow
+def test_a_second_identical_command_compiles_no_search_program(
+  tiny_run, tmp_path
+):
+  """JAX's compile log of two identical commands: the first compiles the
+  search program and keeps it in --compilation_cache, the second reads
+  it from there."""
+  _, out, _, _ = tiny_run
+  argv = [sys.executable, '-m', '_trax_qkv_cli', 'translate']
+  argv += ['--model_dir', str(out / 'reference')]
+  argv += ['--compilation_cache', str(tmp_path / 'xla')]
+  env = dict(
+    os.environ,
+    JAX_DEBUG_LOG_MODULES='jax._src.compiler',
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+  )
+  first, second = (
+    subprocess.run(
+      argv + ['twenty-one', 'nine hundred'],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      check=True,
+    )
+    for _ in range(2)
+  )
+  miss = "PERSISTENT COMPILATION CACHE MISS for 'jit__search'"
+  hit = "Persistent compilation cache hit for 'jit__search'"
+  assert first.stderr.count(miss) >= 1
+  assert second.stderr.count(miss) == 0 and second.stderr.count(hit) >= 1
+  assert first.stdout == second.stdout and len(first.stdout.splitlines()) == 2
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ flag's default and help is written once, here or in the config it fills."""
 import argparse
 import hashlib
 import importlib.metadata
+import os
 import sys
 
 import _trax_qkv_launcher as launcher
@@ -24,7 +25,51 @@ def new_parser(prog, doc):
     action='store_true',
     help="show TensorFlow's, XLA's, Gym's and gin's start-up output",
   )
+  parser.add_argument(
+    '--compilation_cache',
+    metavar='DIR|off',
+    default=None,
+    help='where compiled XLA programs are kept for the next command, '
+    "so that it compiles nothing it compiled before; 'off' keeps none "
+    f'(default: ${COMPILATION_CACHE_ENV}, else $JAX_COMPILATION_CACHE_DIR, '
+    'else ~/.cache/trax_qkv/xla)',
+  )
   return parser
+
+
+# Where the commands keep compiled programs, unless --compilation_cache
+# says otherwise: a directory, or 'off'.
+COMPILATION_CACHE_ENV = 'TRAX_QKV_COMPILATION_CACHE'
+
+
+def compilation_cache_dir(flag=None, environ=None):
+  """The directory of JAX's persistent compilation cache for a command,
+  or None (off): --compilation_cache, else $TRAX_QKV_COMPILATION_CACHE,
+  else JAX's own $JAX_COMPILATION_CACHE_DIR, else the user's cache
+  directory ($XDG_CACHE_HOME or ~/.cache) / trax_qkv / xla."""
+  environ = os.environ if environ is None else environ
+  value = flag if flag is not None else environ.get(COMPILATION_CACHE_ENV)
+  if value is not None:
+    return None if value in ('', 'off') else value
+  if environ.get('JAX_COMPILATION_CACHE_DIR'):
+    return environ['JAX_COMPILATION_CACHE_DIR']
+  base = environ.get('XDG_CACHE_HOME') or os.path.join(
+    os.path.expanduser('~'), '.cache'
+  )
+  return os.path.join(base, 'trax_qkv', 'xla')
+
+
+def use_compilation_cache(args):
+  """Points JAX's persistent compilation cache where `args` say (before
+  the command compiles anything): a second identical command then reads
+  its programs instead of compiling them."""
+  import jax
+
+  path = compilation_cache_dir(args.compilation_cache)
+  if path is None:
+    jax.config.update('jax_enable_compilation_cache', False)
+  else:
+    jax.config.update('jax_compilation_cache_dir', path)
 
 
 def site_implementation(text):
@@ -182,7 +227,7 @@ def fingerprint(args, exclude=(), files=()):
   of trax_qkv, trax and jax."""
   from trax_qkv.supervised import distributed
 
-  skip = {'verbose', *exclude, *distributed.PROCESS_FLAGS}
+  skip = {'verbose', 'compilation_cache', *exclude, *distributed.PROCESS_FLAGS}
   settings = {
     name: value for name, value in vars(args).items() if name not in skip
   }

@@ -10,6 +10,10 @@ checkpoint, model.json and vocabulary). Sentences come from the arguments,
 or one per line from standard input, read --chunk_size lines at a time;
 one translation per line goes to standard output, in input order, each
 chunk as soon as it is done; progress goes to standard error.
+
+On a terminal (or with --interactive, for a program writing to a pipe)
+it translates line by line: the model is loaded once, each line's
+translation is printed as soon as it is decoded, and Ctrl-D ends.
 """
 
 import argparse
@@ -55,6 +59,12 @@ def build_parser():
     'lines read, sorted into batches by length and written at a time',
   )
   cli.add_attention_flag(parser)
+  parser.add_argument(
+    '--interactive',
+    action='store_true',
+    help='translate standard input line by line, each as soon as it is '
+    'read (the default on a terminal)',
+  )
   parser.add_argument(  # 0.2.0's flag; cli.attention_from_flags reads it
     '--implementation', default=None, help=argparse.SUPPRESS
   )
@@ -77,12 +87,15 @@ def read_lines(file, name):
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
+  cli.use_compilation_cache(args)
   from trax_qkv.supervised import translation
 
   sentences = args.sentences
   try:
     attention = cli.attention_from_flags(args)
-    if not sentences and not sys.stdin.isatty():
+    if args.interactive or (not sentences and sys.stdin.isatty()):
+      return _interactive(args, attention, translation)
+    if not sentences:
       sentences = read_lines(sys.stdin.buffer, 'standard input')
     for line in translation.translate_lines(
       args.model_dir,
@@ -100,4 +113,35 @@ def main(argv=None):
     sys.stdout.flush()
     print(f'error: {e}', file=sys.stderr)
     return 2
+  return 0
+
+
+def _interactive(args, attention, translation):
+  """One line of standard input in, its translation out, until end of
+  input; a line that cannot be translated is one error line, and the
+  session goes on."""
+  if args.sentences:
+    raise ValueError('--interactive reads standard input: drop the sentences.')
+  translator = translation.Translator(
+    args.model_dir,
+    n_beams=args.beam,
+    alpha=args.alpha,
+    attention=attention,
+    batch_size=1,
+    max_length=args.max_length,
+  )
+  translator.warm_up()
+  if sys.stdin.isatty():
+    print('Type a sentence and press Enter; Ctrl-D ends.', file=sys.stderr)
+  try:
+    for line in read_lines(sys.stdin.buffer, 'standard input'):
+      try:
+        (out,) = translator.translate([line])
+      except ValueError as e:
+        print(f'error: {e}', file=sys.stderr, flush=True)
+        continue
+      print(out, flush=True)
+  except KeyboardInterrupt:
+    print(file=sys.stderr)
+    return 130
   return 0

@@ -119,23 +119,96 @@ def translate_ids(model_dir, sentences, **options):
   return [ids for chunk in chunks for ids in chunk]
 
 
-def _prepared_chunks(
-  model_dir,
-  lines,
-  chunk_size,
-  n_beams=1,
-  alpha=0.6,
-  attention=None,
-  batch_size=32,
-  max_length=None,
-  log=None,
-):
-  """(ModelDir, iterator of per-chunk id lists), every argument checked."""
-  for name, value in (
-    ('n_beams', n_beams),
-    ('batch_size', batch_size),
-    ('chunk_size', chunk_size),
+class Translator:
+  """A model directory loaded once, and its compiled search: translates
+  batch after batch of sentences (`translate_lines`' chunks, the lines of
+  an interactive session), each compiled program reused by later batches
+  of its shape.
+
+  Args:
+    model_dir: a directory written by trax-qkv-validate (or its ModelDir).
+    n_beams, alpha, attention, batch_size, max_length: as for
+      `translate_ids`.
+
+  Raises:
+    ValueError: an argument out of range, or a model directory or
+      checkpoint that cannot be used; before anything is decoded.
+  """
+
+  def __init__(
+    self,
+    model_dir,
+    n_beams=1,
+    alpha=0.6,
+    attention=None,
+    batch_size=32,
+    max_length=None,
   ):
+    self.model = _checked_model(
+      model_dir, n_beams, alpha, attention, batch_size, max_length
+    )
+    self.batch_size, self.max_length = batch_size, max_length
+    self._model_fn = model_dir_lib.transformer_fn(
+      self.model.settings, attention
+    )
+    self._n_beams, self._alpha = n_beams, alpha
+    self._decoder = None
+
+  def _loaded(self):
+    if self._decoder is None:  # checked and read once, when first needed
+      check_checkpoint(self.model, self._model_fn)
+      self._decoder = decoding.Decoder(
+        self._model_fn, self.model.checkpoint, self._n_beams, self._alpha
+      )
+    return self._decoder
+
+  def ids(self, sentences, start=0, log=None):
+    """One list of token ids (no EOS) per sentence, None for a blank one.
+    `start`: how many lines before these were translated (in messages)."""
+    todo = [i for i, s in enumerate(sentences) if s.strip()]
+    out = [None] * len(sentences)
+    if not todo:
+      return out
+    settings = self.model.settings
+    sources = decoding.encode_sources(
+      self.model.vocab, [sentences[i] for i in todo]
+    )
+    check_sources_fit(sources, settings, [start + i + 1 for i in todo], start)
+    limit = self.max_length or default_max_length(
+      settings, max(len(s) for s in sources)
+    )
+    ids = self._loaded().decode(
+      sources,
+      self.batch_size,
+      limit,
+      settings['max_len'],
+      description='translating'
+      if start == 0
+      else f'translating from line {start}',
+      log=log,
+    )
+    for i, hypothesis in zip(todo, ids):
+      out[i] = hypothesis
+    return out
+
+  def translate(self, sentences, start=0, log=None):
+    """One translation per sentence ('' for a blank one)."""
+    return [
+      self.model.vocab.decode(ids) if ids is not None else ''
+      for ids in self.ids(sentences, start, log)
+    ]
+
+  def warm_up(self):
+    """Reads and checks the checkpoint now rather than at the first
+    sentence (an interactive session answers its first line sooner)."""
+    self._loaded()
+
+
+def _checked_model(
+  model_dir, n_beams, alpha, attention, batch_size, max_length
+):
+  """The ModelDir of `model_dir`, every option checked against it."""
+  for name, value in (('n_beams', n_beams), ('batch_size', batch_size)):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f'{name} must be a positive int; got {value!r}.')
   if (
@@ -160,6 +233,15 @@ def _prepared_chunks(
       f'{model.settings["max_len"]}, less one for EOS); got '
       f'{max_length!r}.'
     )
+  return model
+
+
+def _prepared_chunks(model_dir, lines, chunk_size, log=None, **options):
+  """(ModelDir, iterator of per-chunk id lists), every argument checked
+  before the first line is read, and the lines before the model is."""
+  if not isinstance(chunk_size, int) or chunk_size < 1:
+    raise ValueError(f'chunk_size must be a positive int; got {chunk_size!r}.')
+  translator = Translator(model_dir, **options)
   lines = iter(lines)
   first = list(itertools.islice(lines, chunk_size))
   if not first:
@@ -167,37 +249,13 @@ def _prepared_chunks(
       'no sentences to translate: give them as arguments or '
       'one per line on standard input.'
     )
-  model_fn = model_dir_lib.transformer_fn(model.settings, attention)
-  check_checkpoint(model, model_fn)
-  decoder = decoding.Decoder(model_fn, model.checkpoint, n_beams, alpha)
+  translator.warm_up()
 
   def chunks():
     chunk, start = first, 0
     while chunk:
-      todo = [i for i, s in enumerate(chunk) if s.strip()]
-      out = [None] * len(chunk)
-      if todo:
-        sources = decoding.encode_sources(model.vocab, [chunk[i] for i in todo])
-        check_sources_fit(
-          sources, model.settings, [start + i + 1 for i in todo], start
-        )
-        limit = max_length or default_max_length(
-          model.settings, max(len(s) for s in sources)
-        )
-        ids = decoder.decode(
-          sources,
-          batch_size,
-          limit,
-          model.settings['max_len'],
-          description='translating'
-          if start == 0
-          else f'translating from line {start}',
-          log=log,
-        )
-        for i, hypothesis in zip(todo, ids):
-          out[i] = hypothesis
-      yield out
+      yield translator.ids(chunk, start, log)
       start += len(chunk)
       chunk = list(itertools.islice(lines, chunk_size))
 
-  return model, chunks()
+  return translator.model, chunks()
