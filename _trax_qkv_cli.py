@@ -63,6 +63,7 @@ def run(command, argv=None):
   without importing it here."""
   argv = sys.argv[1:] if argv is None else list(argv)
   launcher.die_with_launcher()
+  launcher.set_compilation_cache(argv)
   n, rest = launcher.local_processes(argv)
   if n is not None and command in launcher.MULTI_PROCESS_COMMANDS:
     return launcher.launch_local(command, rest, n)

@@ -31,6 +31,10 @@ PLACEMENT_FLAGS = (
 )
 # Set by `launch_local` in its children's environment: the launcher's pid.
 LAUNCHER_ENV = 'TRAX_QKV_LAUNCHER_PID'
+# Where the commands keep compiled programs, unless --compilation_cache
+# says otherwise: a directory, or 'off'.
+COMPILATION_CACHE_ENV = 'TRAX_QKV_COMPILATION_CACHE'
+COMPILATION_CACHE_FLAG = '--compilation_cache'
 
 
 def positive_int(text):
@@ -42,6 +46,37 @@ def positive_int(text):
   if value < 1:
     raise ValueError(f'must be an int >= 1; got {text!r}')
   return value
+
+
+def compilation_cache_dir(flag=None, environ=None):
+  """The directory of JAX's persistent compilation cache for a command,
+  or None (off): --compilation_cache, else $TRAX_QKV_COMPILATION_CACHE,
+  else JAX's own $JAX_COMPILATION_CACHE_DIR, else the user's cache
+  directory ($XDG_CACHE_HOME or ~/.cache) / trax_qkv / xla."""
+  environ = os.environ if environ is None else environ
+  value = flag if flag is not None else environ.get(COMPILATION_CACHE_ENV)
+  if value is not None:
+    return None if value in ('', 'off') else value
+  if environ.get('JAX_COMPILATION_CACHE_DIR'):
+    return environ['JAX_COMPILATION_CACHE_DIR']
+  base = environ.get('XDG_CACHE_HOME') or os.path.join(
+    os.path.expanduser('~'), '.cache'
+  )
+  return os.path.join(base, 'trax_qkv', 'xla')
+
+
+def set_compilation_cache(argv, environ=None):
+  """Puts the cache of `argv`'s --compilation_cache (or its default) in
+  `environ` (os.environ) for JAX, which reads it when it is imported."""
+  environ = os.environ if environ is None else environ
+  parser = argparse.ArgumentParser(add_help=False)
+  parser.add_argument(COMPILATION_CACHE_FLAG)
+  flag = parser.parse_known_args(argv)[0].compilation_cache
+  path = compilation_cache_dir(flag, environ)
+  if path is None:
+    environ['JAX_ENABLE_COMPILATION_CACHE'] = 'false'
+  else:
+    environ['JAX_COMPILATION_CACHE_DIR'] = path
 
 
 def local_processes(argv):

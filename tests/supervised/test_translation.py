@@ -173,7 +173,7 @@ def test_a_second_identical_command_compiles_no_search_program(
   argv += ['--compilation_cache', str(tmp_path / 'xla')]
   env = dict(
     os.environ,
-    JAX_DEBUG_LOG_MODULES='jax._src.compiler',
+    JAX_LOGGING_LEVEL='DEBUG',  # its compile log, hits and misses included
     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
   )
   first, second = (

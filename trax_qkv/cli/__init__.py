@@ -31,41 +31,22 @@ def new_parser(prog, doc):
     default=None,
     help='where compiled XLA programs are kept for the next command, '
     "so that it compiles nothing it compiled before; 'off' keeps none "
-    f'(default: ${COMPILATION_CACHE_ENV}, else $JAX_COMPILATION_CACHE_DIR, '
+    f'(default: ${launcher.COMPILATION_CACHE_ENV}, else '
+    '$JAX_COMPILATION_CACHE_DIR, '
     'else ~/.cache/trax_qkv/xla)',
   )
   return parser
 
 
-# Where the commands keep compiled programs, unless --compilation_cache
-# says otherwise: a directory, or 'off'.
-COMPILATION_CACHE_ENV = 'TRAX_QKV_COMPILATION_CACHE'
-
-
-def compilation_cache_dir(flag=None, environ=None):
-  """The directory of JAX's persistent compilation cache for a command,
-  or None (off): --compilation_cache, else $TRAX_QKV_COMPILATION_CACHE,
-  else JAX's own $JAX_COMPILATION_CACHE_DIR, else the user's cache
-  directory ($XDG_CACHE_HOME or ~/.cache) / trax_qkv / xla."""
-  environ = os.environ if environ is None else environ
-  value = flag if flag is not None else environ.get(COMPILATION_CACHE_ENV)
-  if value is not None:
-    return None if value in ('', 'off') else value
-  if environ.get('JAX_COMPILATION_CACHE_DIR'):
-    return environ['JAX_COMPILATION_CACHE_DIR']
-  base = environ.get('XDG_CACHE_HOME') or os.path.join(
-    os.path.expanduser('~'), '.cache'
-  )
-  return os.path.join(base, 'trax_qkv', 'xla')
-
-
 def use_compilation_cache(args):
-  """Points JAX's persistent compilation cache where `args` say (before
-  the command compiles anything): a second identical command then reads
-  its programs instead of compiling them."""
+  """Points JAX's persistent compilation cache where `args` say, for a
+  command called in-process (`main(argv)`) before JAX compiled anything.
+  The console commands point it earlier, before Trax is imported
+  (`_trax_qkv_cli.run`), since Trax compiles while it is imported and JAX
+  settles on a cache at the first compile."""
   import jax
 
-  path = compilation_cache_dir(args.compilation_cache)
+  path = launcher.compilation_cache_dir(args.compilation_cache)
   if path is None:
     jax.config.update('jax_enable_compilation_cache', False)
   else:
