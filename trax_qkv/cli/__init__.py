@@ -5,7 +5,6 @@ flag's default and help is written once, here or in the config it fills."""
 import argparse
 import hashlib
 import importlib.metadata
-import os
 import sys
 
 import _trax_qkv_launcher as launcher
@@ -25,7 +24,7 @@ def new_parser(prog, doc):
     action='store_true',
     help="show TensorFlow's, XLA's, Gym's and gin's start-up output",
   )
-  parser.add_argument(
+  parser.add_argument(  # read by _trax_qkv_cli.run, before Trax is imported
     '--compilation_cache',
     metavar='DIR|off',
     default=None,
@@ -36,21 +35,6 @@ def new_parser(prog, doc):
     'else ~/.cache/trax_qkv/xla)',
   )
   return parser
-
-
-def use_compilation_cache(args):
-  """Points JAX's persistent compilation cache where `args` say, for a
-  command called in-process (`main(argv)`) before JAX compiled anything.
-  The console commands point it earlier, before Trax is imported
-  (`_trax_qkv_cli.run`), since Trax compiles while it is imported and JAX
-  settles on a cache at the first compile."""
-  import jax
-
-  path = launcher.compilation_cache_dir(args.compilation_cache)
-  if path is None:
-    jax.config.update('jax_enable_compilation_cache', False)
-  else:
-    jax.config.update('jax_compilation_cache_dir', path)
 
 
 def site_implementation(text):

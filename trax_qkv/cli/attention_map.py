@@ -70,7 +70,6 @@ def check_output(path):
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
-  cli.use_compilation_cache(args)
   output = args.output or f'attention_map.{args.format}'
   from trax_qkv import files
   from trax_qkv.supervised import attention_maps

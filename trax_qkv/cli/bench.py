@@ -68,7 +68,6 @@ def _report(module, results, output_dir, name):
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
-  cli.use_compilation_cache(args)
   rounds, quick, out = args.rounds, args.quick, args.output_dir
   if args.only in (None, 'layers'):
     _report(bench, bench.run(rounds=rounds, quick=quick), out, 'bench')

@@ -42,7 +42,6 @@ def build_parser():
 def main(argv=None):
   parser = build_parser()
   args = parser.parse_args(argv)
-  cli.use_compilation_cache(args)
   for shape in args.shape or ():
     if min(shape) < 1 or shape[3] % shape[4]:
       parser.error(

@@ -44,7 +44,6 @@ def build_parser():
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
-  cli.use_compilation_cache(args)
   from trax_qkv.supervised import training
 
   return cli.run_job(

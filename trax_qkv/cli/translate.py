@@ -87,7 +87,6 @@ def read_lines(file, name):
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
-  cli.use_compilation_cache(args)
   from trax_qkv.supervised import translation
 
   sentences = args.sentences

@@ -37,7 +37,6 @@ def build_parser():
 
 def main(argv=None):
   args = build_parser().parse_args(argv)
-  cli.use_compilation_cache(args)
   from trax_qkv.validation import run
 
   def job():
