@@ -115,6 +115,9 @@ class _Finder(importlib.abc.MetaPathFinder):
 def install():
   """Patches `trax.layers.assert_shape` when it is imported, or now if it
   already was, for the Trax versions trax_qkv requires; idempotent."""
+  module = sys.modules.get(ASSERT_SHAPE_MODULE)
+  if isinstance(getattr(module, 'inspect', None), FramesOnlyInspect):
+    return  # patched on import: the versions were checked then
   required = required_versions().get('trax')
   try:
     version = importlib.metadata.version('trax')
@@ -122,7 +125,7 @@ def install():
     return
   if required is not None and version not in required:
     return  # patches.apply() warns about the version
-  if ASSERT_SHAPE_MODULE in sys.modules:
-    speed_up(sys.modules[ASSERT_SHAPE_MODULE])
+  if module is not None:
+    speed_up(module)
   elif not any(isinstance(finder, _Finder) for finder in sys.meta_path):
     sys.meta_path.insert(0, _Finder())
