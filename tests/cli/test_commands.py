@@ -15,6 +15,7 @@ COMMANDS = (
   'attention_map',
   'bench',
   'bench_kernels',
+  'serve',
 )
 
 

@@ -15,34 +15,54 @@ from trax_qkv.supervised import model_dir as model_dir_lib
 from trax_qkv.supervised import translation
 
 
-def cross_attention_weights(
-  model_fn, weights_file, source_ids, target_ids, n_decoder_layers
-):
-  """Per decoder layer, (batch, heads, Lq, Lk) cross-attention weights.
+class CrossAttentionReader:
+  """A 'viz'-mode model whose checkpoint is read once, for many sentences.
 
   Encoder self-attention also contains a PureAttention and comes first in
   the layer tree; decoder causal attention does not, so the last
   `n_decoder_layers` are the cross-attention ones.
   """
-  model = model_fn(mode='viz')
-  src = decoding.pad_rows(source_ids, max(len(s) for s in source_ids))
-  tgt = decoding.pad_rows(target_ids, max(len(t) for t in target_ids))
-  model.init_from_file(
-    weights_file,
-    weights_only=True,
-    input_signature=shapes.signature((src, tgt)),
-  )
-  model((src, tgt))
-  found = []
 
-  def walk(layer):
-    if type(layer).__name__ == 'PureAttention':
-      found.append(np.asarray(layer.state))
-    for sub in layer.sublayers:
-      walk(sub)
+  def __init__(self, model_fn, weights_file, n_decoder_layers):
+    self._model = model_fn(mode='viz')
+    self._weights_file, self._n_layers = weights_file, n_decoder_layers
+    self._weights = None
 
-  walk(model)
-  return found[-n_decoder_layers:]
+  def __call__(self, source_ids, target_ids):
+    """Per decoder layer, (batch, heads, Lq, Lk) cross-attention weights of
+    the (source, target) id lists, each padded to the longest."""
+    model = self._model
+    src = decoding.pad_rows(source_ids, max(len(s) for s in source_ids))
+    tgt = decoding.pad_rows(target_ids, max(len(t) for t in target_ids))
+    signature = shapes.signature((src, tgt))
+    if self._weights is None:
+      model.init_from_file(
+        self._weights_file, weights_only=True, input_signature=signature
+      )
+      self._weights = model.weights
+    else:  # init sets the state's shapes; the weights stay the checkpoint's
+      model.init(signature)
+      model.weights = self._weights
+    model((src, tgt))
+    found = []
+
+    def walk(layer):
+      if type(layer).__name__ == 'PureAttention':
+        found.append(np.asarray(layer.state))
+      for sub in layer.sublayers:
+        walk(sub)
+
+    walk(model)
+    return found[-self._n_layers :]
+
+
+def cross_attention_weights(
+  model_fn, weights_file, source_ids, target_ids, n_decoder_layers
+):
+  """Per decoder layer, (batch, heads, Lq, Lk) cross-attention weights
+  (`CrossAttentionReader`, read once)."""
+  reader = CrossAttentionReader(model_fn, weights_file, n_decoder_layers)
+  return reader(source_ids, target_ids)
 
 
 def token_pieces(vocab, ids):
@@ -80,23 +100,32 @@ def for_sentence(model_dir, source, target=None, attention=None):
     )[0] + [EOS_ID]
     target = model.vocab.decode(target_ids[:-1])
   else:
-    target_ids = model.vocab.encode(target) + [EOS_ID]
-  if len(target_ids) > model.settings['max_len']:
+    target_ids = encode_target(model.vocab, target, model.settings)
+  reader = CrossAttentionReader(
+    model_fn, model.checkpoint, model.settings['n_decoder_layers']
+  )
+  return one_map(reader, model.vocab, source_ids, target_ids) + (target,)
+
+
+def encode_target(vocab, target, settings):
+  """The ids of a target sentence to teacher-force, EOS included;
+  ValueError if the model has no positions for them."""
+  target_ids = vocab.encode(target) + [EOS_ID]
+  if len(target_ids) > settings['max_len']:
     raise ValueError(
       f'target has {len(target_ids)} subwords with EOS; the '
-      f'model takes at most {model.settings["max_len"]} (its '
+      f'model takes at most {settings["max_len"]} (its '
       'max_len).'
     )
-  layers = cross_attention_weights(
-    model_fn,
-    model.checkpoint,
-    [source_ids],
-    [target_ids],
-    model.settings['n_decoder_layers'],
-  )
+  return target_ids
+
+
+def one_map(reader, vocab, source_ids, target_ids):
+  """(source tokens, target tokens, per decoder layer (heads, Lq, Lk)
+  weights) of one sentence pair, by a `CrossAttentionReader`."""
+  layers = reader([source_ids], [target_ids])
   return (
-    token_pieces(model.vocab, source_ids),
-    token_pieces(model.vocab, target_ids),
+    token_pieces(vocab, source_ids),
+    token_pieces(vocab, target_ids),
     [w[0] for w in layers],
-    target,
   )

@@ -168,6 +168,13 @@ class Decoder:
     self._models = {}  # max_length -> (predict-mode model, jitted search)
     self._states = {}  # (max_length, rows, source length) -> initial state
 
+  def with_search(self, n_beams, alpha):
+    """A Decoder of the same model that searches with other settings,
+    sharing the weights once they are read; its programs are its own."""
+    other = Decoder(self.model_fn, self.weights_file, n_beams, alpha)
+    other._weights = self._weights
+    return other
+
   def _prepared(self, max_length, rows, source_length):
     """(model, program, initial state) for this batch shape. The model's
     decoder caches hold `max_length` positions (`predict_model`)."""

@@ -148,17 +148,17 @@ class Translator:
       model_dir, n_beams, alpha, attention, batch_size, max_length
     )
     self.batch_size, self.max_length = batch_size, max_length
-    self._model_fn = model_dir_lib.transformer_fn(
-      self.model.settings, attention
-    )
+    self.model_fn = model_dir_lib.transformer_fn(self.model.settings, attention)
     self._n_beams, self._alpha = n_beams, alpha
     self._decoder = None
 
-  def _loaded(self):
+  @property
+  def decoder(self):
+    """The `decoding.Decoder`, its checkpoint checked when first asked."""
     if self._decoder is None:  # checked and read once, when first needed
-      check_checkpoint(self.model, self._model_fn)
+      check_checkpoint(self.model, self.model_fn)
       self._decoder = decoding.Decoder(
-        self._model_fn, self.model.checkpoint, self._n_beams, self._alpha
+        self.model_fn, self.model.checkpoint, self._n_beams, self._alpha
       )
     return self._decoder
 
@@ -177,7 +177,7 @@ class Translator:
     limit = self.max_length or default_max_length(
       settings, max(len(s) for s in sources)
     )
-    ids = self._loaded().decode(
+    ids = self.decoder.decode(
       sources,
       self.batch_size,
       limit,
@@ -200,8 +200,9 @@ class Translator:
 
   def warm_up(self):
     """Reads and checks the checkpoint now rather than at the first
-    sentence (an interactive session answers its first line sooner)."""
-    self._loaded()
+    sentence (an interactive session answers its first line sooner).
+    Returns the `decoding.Decoder`."""
+    return self.decoder
 
 
 def _checked_model(

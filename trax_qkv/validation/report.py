@@ -59,9 +59,13 @@ def font_for(texts):
 
 def _save(fig, path, dpi):
   """Writes `fig` to `path` as PNG, whole (whatever its suffix: matplotlib
-  would otherwise append '.png' to a path without one), and closes it."""
-  with files.atomic_path(path) as tmp:
-    fig.savefig(tmp, dpi=dpi, format='png')
+  would otherwise append '.png' to a path without one), or into `path`,
+  a binary file object; and closes it."""
+  if hasattr(path, 'write'):
+    fig.savefig(path, dpi=dpi, format='png')
+  else:
+    with files.atomic_path(path) as tmp:
+      fig.savefig(tmp, dpi=dpi, format='png')
   _pyplot().close(fig)
 
 
@@ -82,7 +86,8 @@ def plot_loss_curves(histories, path):
 
 
 def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
-  """One row per layer, one column per head, for one sentence.
+  """One row per layer, one column per head, for one sentence, written to
+  `path` (a file name or a binary file object).
 
   `weights` holds each layer's (heads, Lq, Lk) weights; the tokens label
   the axes in a font that has their glyphs. Where no installed font has
