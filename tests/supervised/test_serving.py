@@ -111,7 +111,7 @@ def _requests(seed):
   with two beams, some with their own max_length."""
   rng = random.Random(seed)
   out = []
-  for i in range(12):
+  for i in range(10):
     sentences = _sentences(rng.randrange(1, 5), seed * 100 + i)
     body = {'sentences': sentences}
     if i % 4 == 1:
@@ -187,7 +187,7 @@ BAD = [
 
 
 def test_bad_requests_are_4xx_and_the_load_goes_on(server, model_dir):
-  load = _requests(seed=2)
+  load = _requests(seed=1)  # the shapes compiled above, for a steady load
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     answers = pool.submit(_post_all, server, load, 4)
     for body, status, message in BAD:

@@ -6,6 +6,8 @@
   trax-qkv-bench --only distributed  # 2 processes x 1 core vs 1 x 2 devices
   trax-qkv-bench --only decoding   # greedy and beam search: compiled vs loop
   trax-qkv-bench --only roof       # attention layers against the matmul rate
+  trax-qkv-bench --only serve --model_dir DIR --sentences FILE
+                                   # trax-qkv-serve under 8 clients
   trax-qkv-bench --quick           # small shapes, a smoke test
 
 Prints each contender's time and its speed-up over the built-in, all
@@ -13,7 +15,8 @@ measured interleaved in this one run, with the spread of the per-round
 ratios; writes bench.json / bench.md (layers) and bench_models.json /
 bench_models.md (models), bench_checkpoints.json / .md (checkpoints),
 bench_distributed.json / .md (processes), bench_decoding.json / .md
-(decoding), bench_roof.json / .md (roof) to --output_dir.
+(decoding), bench_roof.json / .md (roof), bench_serve.json / .md (serve)
+to --output_dir.
 """
 
 from trax_qkv import cli
@@ -44,6 +47,7 @@ def build_parser():
       'distributed',
       'decoding',
       'roof',
+      'serve',
     ),
     default=None,
     help='run one part: the attention layers (AttentionQKV alone, ~15 '
@@ -54,8 +58,25 @@ def build_parser():
     "2 devices (~12 min), or decoding (Trax's sampler, the previous "
     'Python loop and the compiled search, greedy and beam 4; ~6 min), '
     'or one causal and one cross-attention layer as a fraction of the '
-    'matmul rate, with the TransformerLM 2x2048 training step (~5 min); '
-    'default layers and models',
+    'matmul rate, with the TransformerLM 2x2048 training step (~5 min), '
+    'or trax-qkv-serve under concurrent clients (needs --model_dir and '
+    '--sentences; .[serve]); default layers and models',
+  )
+  serve = parser.add_argument_group('--only serve')
+  serve.add_argument('--model_dir', help='the model directory to serve')
+  serve.add_argument(
+    '--sentences', help='a file of source sentences, one per line'
+  )
+  cli.add_positive_int(serve, '--clients', 8, 'concurrent clients')
+  cli.add_positive_int(
+    serve, '--requests', 100, 'requests of one sentence per client and round'
+  )
+  serve.add_argument(
+    '--max_length',
+    type=cli.positive_int,
+    default=None,
+    help="the server's and the command's length limit (default: the "
+    "model's longest output)",
   )
   return parser
 
@@ -91,6 +112,20 @@ def main(argv=None):
       rounds=min(rounds, decoding_bench.DEFAULT_ROUNDS), quick=quick
     )
     _report(decoding_bench, results, out, 'bench_decoding')
+  if args.only == 'serve':
+    if not (args.model_dir and args.sentences):
+      build_parser().error('--only serve needs --model_dir and --sentences')
+    from trax_qkv.benchmarks import serving as serving_bench
+
+    results = serving_bench.run(
+      args.model_dir,
+      args.sentences,
+      clients=args.clients,
+      requests=args.requests,
+      rounds=min(rounds, serving_bench.ROUNDS),
+      max_length=args.max_length,
+    )
+    _report(serving_bench, results, out, 'bench_serve')
   if args.only == 'roof':
     results = roof_bench.run(
       rounds=min(rounds, roof_bench.DEFAULT_ROUNDS), quick=quick
