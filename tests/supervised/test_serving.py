@@ -87,6 +87,10 @@ class Server:
 
 @pytest.fixture(scope='module')
 def model_dir(tmp_path_factory):
+  """A copy of MODEL, or $TRAX_QKV_SERVE_MODEL_DIR (to take the page's
+  screenshot of a real model: docs/serving.md)."""
+  if os.environ.get('TRAX_QKV_SERVE_MODEL_DIR'):
+    return os.environ['TRAX_QKV_SERVE_MODEL_DIR']
   copy = tmp_path_factory.mktemp('serve') / 'model'
   shutil.copytree(MODEL, copy)
   return str(copy)
