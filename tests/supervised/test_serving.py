@@ -118,9 +118,9 @@ def _requests(seed):
   for i in range(10):
     sentences = _sentences(rng.randrange(1, 5), seed * 100 + i)
     body = {'sentences': sentences}
-    if i % 4 == 1:
-      body['beam'] = 2
-    if i % 3 == 2:
+    if i % 4 == 1:  # one limit: a beam program per limit
+      body.update(beam=2, max_length=12)
+    elif i % 3 == 2:
       body['max_length'] = rng.randrange(3, 30)
     out.append(body)
   out[0]['sentences'].append('  ')
