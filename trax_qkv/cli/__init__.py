@@ -37,6 +37,15 @@ def new_parser(prog, doc):
   return parser
 
 
+def add_model_dir_flag(parser, required=True):
+  """--model_dir: a model directory written by trax-qkv-validate."""
+  parser.add_argument(
+    '--model_dir',
+    required=required,
+    help='directory of a trained model, e.g. runs/validate/reference',
+  )
+
+
 def site_implementation(text):
   """argparse type: 'SITE=NAME' -> (site, name); names are checked later,
   once the registry is imported."""

@@ -21,11 +21,7 @@ from trax_qkv import cli
 
 def build_parser():
   parser = cli.new_parser('trax-qkv-attention-map', __doc__)
-  parser.add_argument(
-    '--model_dir',
-    required=True,
-    help='directory of a trained model, e.g. runs/validate/reference',
-  )
+  cli.add_model_dir_flag(parser)
   parser.add_argument('--source', required=True, help='the source sentence')
   parser.add_argument(
     '--target',

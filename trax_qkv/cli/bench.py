@@ -63,7 +63,7 @@ def build_parser():
     '--sentences; .[serve]); default layers and models',
   )
   serve = parser.add_argument_group('--only serve')
-  serve.add_argument('--model_dir', help='the model directory to serve')
+  cli.add_model_dir_flag(serve, required=False)
   serve.add_argument(
     '--sentences', help='a file of source sentences, one per line'
   )

@@ -31,11 +31,7 @@ from trax_qkv import cli
 
 def build_parser():
   parser = cli.new_parser('trax-qkv-serve', __doc__)
-  parser.add_argument(
-    '--model_dir',
-    required=True,
-    help='directory of a trained model, e.g. runs/validate/reference',
-  )
+  cli.add_model_dir_flag(parser)
   parser.add_argument(
     '--host',
     default='127.0.0.1',

@@ -32,11 +32,7 @@ def build_parser():
     nargs='*',
     help='sentences to translate (default: standard input, one per line)',
   )
-  parser.add_argument(
-    '--model_dir',
-    required=True,
-    help='directory of a trained model, e.g. runs/validate/reference',
-  )
+  cli.add_model_dir_flag(parser)
   cli.add_positive_int(parser, '--beam', 1, 'beam size; 1 decodes greedily')
   parser.add_argument(
     '--alpha',
