@@ -87,7 +87,6 @@ class Batcher:
       model_dir, attention=attention, batch_size=max_batch
     )
     self.model = self.translator.model
-    self.attention = attention
     self.max_batch, self.max_wait = max_batch, max_wait
     self._searches = collections.OrderedDict()  # (n_beams, alpha) -> Decoder
     self._worker = concurrent.futures.ThreadPoolExecutor(
