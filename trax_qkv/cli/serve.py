@@ -120,9 +120,7 @@ def main(argv=None):
     return 2
   from trax_qkv.serving import batching
 
-  logging.basicConfig(
-    level=logging.INFO, format='%(message)s', stream=sys.stderr
-  )
+  _log_requests()
   try:
     if not 0 <= args.port <= 65535:
       raise ValueError(f'--port must be 0 to 65535; got {args.port}.')
