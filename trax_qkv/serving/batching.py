@@ -118,21 +118,15 @@ class Batcher:
     self._worker.shutdown(wait=True)
 
   def encode(self, sentences, max_length=None):
-    """(source ids or None per sentence, the length limit) of a request;
-    ValueError naming a sentence too long for the model."""
+    """(source ids or None per sentence, the length limit) of a request,
+    as `trax-qkv-translate` encodes its arguments; ValueError naming a
+    sentence too long for the model."""
     ids = [None] * len(sentences)
-    todo = [i for i, s in enumerate(sentences) if s.strip()]
-    sources = decoding.encode_sources(
-      self.model.vocab, [sentences[i] for i in todo]
-    )
-    translation.check_sources_fit(
-      sources, self.model.settings, [i + 1 for i in todo]
+    todo, sources, limit = translation.encode_lines(
+      self.model, sentences, max_length
     )
     for i, source in zip(todo, sources):
       ids[i] = source
-    limit = max_length or translation.default_max_length(
-      self.model.settings, max((len(s) for s in sources), default=1)
-    )
     return ids, limit
 
   async def translate(self, sentences, n_beams=1, alpha=0.6, max_length=None):
@@ -181,8 +175,10 @@ class Batcher:
           await self._decode(search, rows[start : start + self.max_batch])
 
   async def _take(self):
-    """What the queue holds: at least one item, and whatever arrives
-    within `max_wait` of the first, up to `max_batch` items."""
+    """What the queue holds: at least one item; then, until `max_batch`
+    items are taken or `max_wait` has passed since the first, whatever
+    arrives; then whatever else is already queued (the groups are cut
+    into batches of `max_batch` afterwards)."""
     taken = [await self._queue.get()]
     deadline = asyncio.get_running_loop().time() + self.max_wait
     while len(taken) < self.max_batch:

@@ -57,6 +57,22 @@ def check_checkpoint(model, model_fn):
   checkpointing.check_checkpoint_fits(probe, model.path)
 
 
+def encode_lines(model, sentences, max_length=None, start=0):
+  """(indices of the non-blank sentences, their source ids with EOS, the
+  length limit: `max_length`, else `default_max_length` of the longest)
+  of a ModelDir's `sentences`, translated together. ValueError, as
+  `check_sources_fit`, for one too long for the model; `start` as there."""
+  todo = [i for i, s in enumerate(sentences) if s.strip()]
+  sources = decoding.encode_sources(model.vocab, [sentences[i] for i in todo])
+  check_sources_fit(
+    sources, model.settings, [start + i + 1 for i in todo], start
+  )
+  limit = max_length or default_max_length(
+    model.settings, max((len(s) for s in sources), default=1)
+  )
+  return todo, sources, limit
+
+
 # Lines translated together by `translate_lines`: sorted by length into
 # batches within a chunk, written in input order when the chunk is done.
 CHUNK_SIZE = 2048
@@ -165,23 +181,17 @@ class Translator:
   def ids(self, sentences, start=0, log=None):
     """One list of token ids (no EOS) per sentence, None for a blank one.
     `start`: how many lines before these were translated (in messages)."""
-    todo = [i for i, s in enumerate(sentences) if s.strip()]
     out = [None] * len(sentences)
+    todo, sources, limit = encode_lines(
+      self.model, sentences, self.max_length, start
+    )
     if not todo:
       return out
-    settings = self.model.settings
-    sources = decoding.encode_sources(
-      self.model.vocab, [sentences[i] for i in todo]
-    )
-    check_sources_fit(sources, settings, [start + i + 1 for i in todo], start)
-    limit = self.max_length or default_max_length(
-      settings, max(len(s) for s in sources)
-    )
     ids = self.decoder.decode(
       sources,
       self.batch_size,
       limit,
-      settings['max_len'],
+      self.model.settings['max_len'],
       description='translating'
       if start == 0
       else f'translating from line {start}',
