@@ -114,23 +114,21 @@ async def _round(url, sentences, clients, requests, max_length, offset):
   async with aiohttp.ClientSession(connector=connector) as session:
     bad = asyncio.create_task(_bad_client(session, url, stop, statuses))
     start = time.perf_counter()
+    sent = [
+      [(offset + c * requests + j) % len(sentences) for j in range(requests)]
+      for c in range(clients)
+    ]
     await asyncio.gather(
       *[
         _client(
           session,
           url,
-          [
-            (
-              (offset + c * requests + j) % len(sentences),
-              sentences[(offset + c * requests + j) % len(sentences)],
-            )
-            for j in range(requests)
-          ],
+          [(i, sentences[i]) for i in indices],
           max_length,
           latencies,
           answers,
         )  # fmt: skip
-        for c in range(clients)
+        for indices in sent
       ]
     )
     seconds = time.perf_counter() - start
