@@ -177,9 +177,11 @@ def test_bad_shape_is_refused_before_any_work(capsys):
 
 @pytest.mark.slow
 def test_bench_quick_run_keeps_rounds_and_pairs_them(tmp_path):
-  """scripts/bench.py --quick: every contender at every shape, each round's
-  time kept, medians and the per-round (paired) speed-ups made from them."""
+  """trax-qkv-bench --quick (toy sizes): every contender at every shape,
+  each round's time kept, medians and the per-round (paired) speed-ups
+  made from them; then every model case, each contender's rounds kept."""
   from trax_qkv.benchmarks import layers as bench
+  from trax_qkv.benchmarks import models as model_bench
 
   rounds = 2
   command('bench').main(
@@ -207,3 +209,20 @@ def test_bench_quick_run_keeps_rounds_and_pairs_them(tmp_path):
   assert table.count('page faults / call') == len(results['layers'])
   paired_rows = [line for line in table.splitlines() if line.endswith('] |')]
   assert len(paired_rows) == len(results['layers'])
+  models = json.loads((tmp_path / 'bench_models.json').read_text())
+  assert [e['model'] for e in models['models']] == list(model_bench.QUICK_CASES)
+  for entry in models['models']:
+    assert set(entry['results']) == set(model_bench.CONTENDERS)
+    for r in entry['results'].values():
+      assert len(r['train_round_s']) == rounds and min(r['train_round_s']) > 0
+      assert r['train_steps_per_s'] > 0 and r['decode_tokens_per_s'] > 0
+    assert model_bench.round_speedups(entry, 'auto') == pytest.approx(
+      [
+        b / a
+        for b, a in zip(
+          entry['results'][model_bench.BUILTIN]['train_round_s'],
+          entry['results']['auto']['train_round_s'],
+        )
+      ]
+    )
+  assert (tmp_path / 'bench_models.md').read_text().count('| toy ') >= 2

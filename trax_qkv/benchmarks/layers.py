@@ -35,6 +35,9 @@ LAYER_SHAPES = (
   (1, 4096, 4096, 256, 8),
 )
 CROSS_SHAPE = (4, 64, 8192, 256, 8)  # (batch, Lq, Lk, d_model, heads)
+# --quick: toy sizes, a smoke test of every part of the bench.
+QUICK_LAYER_SHAPES = ((8, 64, 64, 64, 4),)
+QUICK_CROSS_SHAPE = (1, 16, 256, 64, 4)
 BUILTIN = registry.BUILTIN
 # Each contender's turn in a round times back-to-back calls for at least
 # this long (one call at length >= 1024; several at the small shapes).
@@ -128,21 +131,30 @@ def bench_layer_shape(batch, lq, lk, d, heads, rounds):
   return result
 
 
-def _small_transformer(cross_attention, mode, vocab=512):
+# The decoding and training Transformer: (d_model, d_ff, layers each side).
+SMALL_TRANSFORMER = (128, 256, 2)
+QUICK_SMALL_TRANSFORMER = (64, 128, 1)
+
+
+def _small_transformer(cross_attention, mode, size, vocab=512):
+  d_model, d_ff, n_layers = size
   with trax_qkv.use_attention(cross_attention=cross_attention):
-    return model_bench.transformer(vocab, 128, 256, 2, 128, mode, n_heads=4)
+    return model_bench.transformer(
+      vocab, d_model, d_ff, n_layers, 128, mode, n_heads=4
+    )
 
 
 def decoding_tokens_per_second(
-  implementations, batch=32, src_len=32, steps=32, rounds=3
-):
+  implementations, batch=32, src_len=32, steps=32, rounds=3,
+  size=SMALL_TRANSFORMER,
+):  # fmt: skip
   """Greedy predict-mode decoding of a small Transformer, tokens/s."""
   src = (
     np.random.RandomState(0).randint(2, 512, (batch, src_len)).astype(np.int32)
   )
   fns = {}
   for impl in implementations:
-    model = _small_transformer(impl, 'predict')
+    model = _small_transformer(impl, 'predict', size)
     model.init(shapes.signature((src, src[:, :1])), rng=jax.random.PRNGKey(0))
     step = jax.jit(model.pure_fn)
     weights, initial_state = model.weights, model.state
@@ -163,8 +175,9 @@ def decoding_tokens_per_second(
 
 
 def training_steps_per_second(
-  implementations, steps=20, rounds=3, batch=64, length=24
-):
+  implementations, steps=20, rounds=3, batch=64, length=24,
+  size=SMALL_TRANSFORMER,
+):  # fmt: skip
   """training.Loop steps/s of the small translation Transformer."""
   rs = np.random.RandomState(0)
   src = rs.randint(1, 512, (batch, length)).astype(np.int32)
@@ -176,7 +189,7 @@ def training_steps_per_second(
       batches, tl.WeightedCategoryCrossEntropy(), trax.optimizers.Adam(1e-3)
     )
     loop = training.Loop(
-      _small_transformer(impl, 'train'),
+      _small_transformer(impl, 'train', size),
       task,
       eval_at=lambda _: False,
       checkpoint_at=lambda _: False,
@@ -190,14 +203,15 @@ def training_steps_per_second(
 
 def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
   """All benchmarks; returns the results dict."""
-  layer_shapes = LAYER_SHAPES[:2] if quick else LAYER_SHAPES
-  cross = (1, 64, 1024, 256, 8) if quick else CROSS_SHAPE
+  layer_shapes = QUICK_LAYER_SHAPES if quick else LAYER_SHAPES
+  cross = QUICK_CROSS_SHAPE if quick else CROSS_SHAPE
+  small = QUICK_SMALL_TRANSFORMER if quick else SMALL_TRANSFORMER
   results = {
     'device': jax.devices()[0].device_kind,
     'backend': jax.default_backend(),
     'rounds': rounds,
     'matmul_gflops': timing.matmul_flops_per_second(
-      1024 if quick else 2048, rounds
+      256 if quick else 2048, rounds
     )
     / 1e9,
   }
@@ -218,11 +232,11 @@ def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
   impls = [BUILTIN, 'reference', 'auto']
   log('decoding ...')
   results['decode_tokens_per_s'] = decoding_tokens_per_second(
-    impls, steps=8 if quick else 32, rounds=rounds
+    impls, steps=8 if quick else 32, rounds=rounds, size=small
   )
   log('training ...')
   results['train_steps_per_s'] = training_steps_per_second(
-    impls, steps=5 if quick else 20, rounds=rounds
+    impls, steps=5 if quick else 20, rounds=rounds, size=small
   )
   return results
 

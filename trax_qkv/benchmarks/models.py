@@ -53,6 +53,18 @@ def _long_source(mode, **kw):
   return transformer(256, 256, 1024, 2, 1024, mode, **kw)
 
 
+def _toy_lm(mode, **kw):
+  # --quick: one layer, d 64; the smoke test of every part of the bench.
+  return trax.models.TransformerLM(
+    256, d_model=64, d_ff=128, n_layers=1, max_len=256, mode=mode,
+    n_heads=4, dropout=0.1, **kw
+  )  # fmt: skip
+
+
+def _toy_transformer(mode, **kw):
+  return transformer(256, 64, 128, 1, 128, mode, n_heads=4, **kw)
+
+
 def translation_model(mode, **kw):
   # The main job's Multi30k model (README recipe) at its vocabulary size.
   return transformer(8192, 256, 1024, 3, 128, mode, **kw)
@@ -73,8 +85,8 @@ CASES = {
 }
 VOCAB_SIZES = {translation_model: 8192}
 QUICK_CASES = {
-  'TransformerLM 2x256': (_lm, (2, 256), (2, 16)),
-  'Transformer 4x128 -> 16': (_long_source, (4, 128, 16), (4, 8)),
+  'toy TransformerLM 2x128': (_toy_lm, (2, 128), (2, 8)),
+  'toy Transformer 4x64 -> 16': (_toy_transformer, (4, 64, 16), (4, 8)),
 }
 
 

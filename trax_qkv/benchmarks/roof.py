@@ -50,7 +50,7 @@ CAUSAL = (2, 2048, 512, 8)
 CROSS = (4, 1024, 256, 8)  # queries and keys alike
 LM_CASE = 'TransformerLM 2x2048'
 QUICK_CAUSAL, QUICK_CROSS = (2, 256, 128, 4), (2, 128, 128, 4)
-QUICK_LM = 'TransformerLM 2x256'
+QUICK_LM = 'toy TransformerLM 2x128'
 
 
 def causal_flops(batch, length, d):
