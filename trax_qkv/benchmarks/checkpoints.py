@@ -2,7 +2,8 @@
 
 A real checkpoint of the main job's Multi30k-sized Transformer (vocabulary
 8192, d_model 256, d_ff 1024, 3+3 layers, Adam) is written by one training
-step, then loaded again and again, interleaved (`timing.interleaved_times`):
+step, then loaded again and again, interleaved (`timing.interleaved_times`)
+(`quick`: the bench's toy Transformer instead, a smoke test):
 
   - 'trax': `training.Loop.load_checkpoint` as Trax 1.4.1 reads it (its
     pickle.load and np_from_file, `patches.trax_checkpoint_reading`);
@@ -29,10 +30,16 @@ from trax_qkv.benchmarks import timing
 from trax_qkv.supervised import checkpointing
 
 DEFAULT_ROUNDS = 7
+# name -> (builder, vocabulary size) of the checkpointed model.
+MODELS = {
+  'the Multi30k-sized model': (models.translation_model, 8192),
+  'the toy Transformer': (models.toy_transformer, 256),
+}
 
 
-def _loop(loop_class, output_dir, vocab=8192):
-  model = models.build(models.translation_model, models.BUILTIN, 'train')
+def _loop(loop_class, output_dir, model_name):
+  builder, vocab = MODELS[model_name]
+  model = models.build(builder, models.BUILTIN, 'train')
 
   def batches():
     rng = np.random.RandomState(0)
@@ -53,11 +60,12 @@ def _loop(loop_class, output_dir, vocab=8192):
   )
 
 
-def run(rounds=DEFAULT_ROUNDS, log=print):
+def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
   """Times both readers on one checkpoint; returns the results dict."""
+  model_name = list(MODELS)[1 if quick else 0]
   with tempfile.TemporaryDirectory() as output_dir:
-    log('writing a checkpoint of the Multi30k-sized model ...')
-    writer = _loop(checkpointing.ResumableLoop, output_dir)
+    log(f'writing a checkpoint of {model_name} ...')
+    writer = _loop(checkpointing.ResumableLoop, output_dir, model_name)
     writer.progress_log = None
     writer.run(1)
     size = sum(
@@ -65,8 +73,8 @@ def run(rounds=DEFAULT_ROUNDS, log=print):
       for f in os.listdir(output_dir)
       if f.startswith('model.')
     )
-    trax_loop = _loop(training.Loop, output_dir)
-    ours = _loop(checkpointing.ResumableLoop, output_dir)
+    trax_loop = _loop(training.Loop, output_dir, model_name)
+    ours = _loop(checkpointing.ResumableLoop, output_dir, model_name)
 
     def trax_load():
       with patches.trax_checkpoint_reading():
@@ -90,6 +98,7 @@ def run(rounds=DEFAULT_ROUNDS, log=print):
   results = {
     'device': jax.devices()[0].device_kind,
     'rounds': rounds,
+    'model': model_name,
     'checkpoint_mb': size / 2**20,
     'times_s': times,
   }
@@ -113,7 +122,7 @@ def markdown(results):
     ),
   ]
   lines = [
-    f'Checkpoint of the Multi30k-sized model ({results["checkpoint_mb"]:.0f}'
+    f'Checkpoint of {results["model"]} ({results["checkpoint_mb"]:.1f}'
     f' MB on disk), {results["rounds"]} interleaved rounds on '
     f'{results["device"]}.',
     '',

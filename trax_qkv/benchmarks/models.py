@@ -61,7 +61,7 @@ def _toy_lm(mode, **kw):
   )  # fmt: skip
 
 
-def _toy_transformer(mode, **kw):
+def toy_transformer(mode, **kw):
   return transformer(256, 64, 128, 1, 128, mode, n_heads=4, **kw)
 
 
@@ -86,7 +86,7 @@ CASES = {
 VOCAB_SIZES = {translation_model: 8192}
 QUICK_CASES = {
   'toy TransformerLM 2x128': (_toy_lm, (2, 128), (2, 8)),
-  'toy Transformer 4x64 -> 16': (_toy_transformer, (4, 64, 16), (4, 8)),
+  'toy Transformer 4x64 -> 16': (toy_transformer, (4, 64, 16), (4, 8)),
 }
 
 

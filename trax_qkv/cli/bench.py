@@ -99,7 +99,7 @@ def main(argv=None):
     _report(model_bench, results, out, 'bench_models')
   if args.only == 'checkpoints':
     results = checkpoint_bench.run(
-      rounds=max(rounds, checkpoint_bench.DEFAULT_ROUNDS)
+      rounds=max(rounds, checkpoint_bench.DEFAULT_ROUNDS), quick=quick
     )
     _report(checkpoint_bench, results, out, 'bench_checkpoints')
   if args.only == 'distributed':
