@@ -53,12 +53,17 @@ def test_forward_and_gradients_match_reference(
     diagonal_split=split,
   )
 
+  # Jitted, as the layers run them: one program per function and example
+  # rather than one per operation.
   def value_and_grads(f):
-    return jax.value_and_grad(
-      lambda q, k, v: jnp.sum(f(q, k, v) * cotangent), argnums=(0, 1, 2)
+    return jax.jit(
+      jax.value_and_grad(
+        lambda q, k, v: jnp.sum(f(q, k, v) * cotangent), argnums=(0, 1, 2)
+      )
     )(q, k, v)
 
-  assert _relative_error(attend(q, k, v), _reference(q, k, v)) < RTOL
+  forward = jax.jit(attend)(q, k, v)
+  assert _relative_error(forward, jax.jit(_reference)(q, k, v)) < RTOL
   (_, got), (_, expected) = value_and_grads(attend), value_and_grads(_reference)
   for g, e in zip(got, expected):
     assert _relative_error(g, e) < RTOL
