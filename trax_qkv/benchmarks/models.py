@@ -41,11 +41,13 @@ def transformer(vocab, d_model, d_ff, n_layers, max_len, mode, n_heads=8, **kw):
   )  # fmt: skip
 
 
-def _lm(mode, **kw):
+def _lm(
+  mode, d_model=512, d_ff=2048, n_layers=2, max_len=2048, n_heads=8, **kw
+):
   # Bytes in, d 512, 2 layers, up to 2048 positions.
   return trax.models.TransformerLM(
-    256, d_model=512, d_ff=2048, n_layers=2, max_len=2048, mode=mode,
-    n_heads=8, dropout=0.1, **kw
+    256, d_model=d_model, d_ff=d_ff, n_layers=n_layers, max_len=max_len,
+    mode=mode, n_heads=n_heads, dropout=0.1, **kw
   )  # fmt: skip
 
 
@@ -53,12 +55,10 @@ def _long_source(mode, **kw):
   return transformer(256, 256, 1024, 2, 1024, mode, **kw)
 
 
+# --quick: one layer, d 64; the smoke test of every part of the bench.
 def _toy_lm(mode, **kw):
-  # --quick: one layer, d 64; the smoke test of every part of the bench.
-  return trax.models.TransformerLM(
-    256, d_model=64, d_ff=128, n_layers=1, max_len=256, mode=mode,
-    n_heads=4, dropout=0.1, **kw
-  )  # fmt: skip
+  return _lm(mode, d_model=64, d_ff=128, n_layers=1, max_len=256, n_heads=4,
+             **kw)  # fmt: skip
 
 
 def toy_transformer(mode, **kw):
