@@ -8,7 +8,7 @@
   trax-qkv-bench --only roof       # attention layers against the matmul rate
   trax-qkv-bench --only serve --model_dir DIR --sentences FILE
                                    # trax-qkv-serve under 8 clients
-  trax-qkv-bench --quick           # small shapes, a smoke test
+  trax-qkv-bench --quick           # toy sizes, a smoke test
 
 Prints each contender's time and its speed-up over the built-in, all
 measured interleaved in this one run, with the spread of the per-round
@@ -36,7 +36,7 @@ def build_parser():
   parser.add_argument(
     '--quick',
     action='store_true',
-    help='small shapes only (a smoke test, not the table)',
+    help='toy sizes only (a smoke test, not the tables)',
   )
   parser.add_argument(
     '--only',
