@@ -1,6 +1,6 @@
 """trax-qkv-bench --only checkpoints --quick: both readers load the same
 checkpoint (the toy Transformer's; the table's is the Multi30k-sized
-model's, as `checkpoints.MODELS` builds both)."""
+model's: `checkpoints.QUICK_MODEL` and `MODEL`)."""
 
 import pytest
 

@@ -30,15 +30,13 @@ from trax_qkv.benchmarks import timing
 from trax_qkv.supervised import checkpointing
 
 DEFAULT_ROUNDS = 7
-# name -> (builder, vocabulary size) of the checkpointed model.
-MODELS = {
-  'the Multi30k-sized model': (models.translation_model, 8192),
-  'the toy Transformer': (models.toy_transformer, 256),
-}
+# The checkpointed model: (its name in the table, its builder).
+MODEL = ('the Multi30k-sized model', models.translation_model)
+QUICK_MODEL = ('the toy Transformer', models.toy_transformer)
 
 
-def _loop(loop_class, output_dir, model_name):
-  builder, vocab = MODELS[model_name]
+def _loop(loop_class, output_dir, builder):
+  vocab = models.vocab_size(builder)
   model = models.build(builder, models.BUILTIN, 'train')
 
   def batches():
@@ -62,10 +60,10 @@ def _loop(loop_class, output_dir, model_name):
 
 def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
   """Times both readers on one checkpoint; returns the results dict."""
-  model_name = list(MODELS)[1 if quick else 0]
+  model_name, builder = QUICK_MODEL if quick else MODEL
   with tempfile.TemporaryDirectory() as output_dir:
     log(f'writing a checkpoint of {model_name} ...')
-    writer = _loop(checkpointing.ResumableLoop, output_dir, model_name)
+    writer = _loop(checkpointing.ResumableLoop, output_dir, builder)
     writer.progress_log = None
     writer.run(1)
     size = sum(
@@ -73,8 +71,8 @@ def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
       for f in os.listdir(output_dir)
       if f.startswith('model.')
     )
-    trax_loop = _loop(training.Loop, output_dir, model_name)
-    ours = _loop(checkpointing.ResumableLoop, output_dir, model_name)
+    trax_loop = _loop(training.Loop, output_dir, builder)
+    ours = _loop(checkpointing.ResumableLoop, output_dir, builder)
 
     def trax_load():
       with patches.trax_checkpoint_reading():

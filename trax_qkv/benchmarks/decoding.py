@@ -84,7 +84,7 @@ def translation_case(quick=False, log=print):
   model_fn = _with_attention(
     _quick_translation_model if quick else models.translation_model
   )
-  vocab = 512 if quick else models.VOCAB_SIZES[models.translation_model]
+  vocab = 512 if quick else models.vocab_size(models.translation_model)
   n, length = shape['sources'], shape['source_length']
   tokens, batch = shape['tokens'], shape['batch']
   rs = np.random.RandomState(0)

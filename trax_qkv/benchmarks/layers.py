@@ -145,9 +145,13 @@ def _small_transformer(cross_attention, mode, size, vocab=512):
 
 
 def decoding_tokens_per_second(
-  implementations, batch=32, src_len=32, steps=32, rounds=3,
+  implementations,
+  batch=32,
+  src_len=32,
+  steps=32,
+  rounds=3,
   size=SMALL_TRANSFORMER,
-):  # fmt: skip
+):
   """Greedy predict-mode decoding of a small Transformer, tokens/s."""
   src = (
     np.random.RandomState(0).randint(2, 512, (batch, src_len)).astype(np.int32)
@@ -175,9 +179,13 @@ def decoding_tokens_per_second(
 
 
 def training_steps_per_second(
-  implementations, steps=20, rounds=3, batch=64, length=24,
+  implementations,
+  steps=20,
+  rounds=3,
+  batch=64,
+  length=24,
   size=SMALL_TRANSFORMER,
-):  # fmt: skip
+):
   """training.Loop steps/s of the small translation Transformer."""
   rs = np.random.RandomState(0)
   src = rs.randint(1, 512, (batch, length)).astype(np.int32)

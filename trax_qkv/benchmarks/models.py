@@ -44,7 +44,7 @@ def transformer(vocab, d_model, d_ff, n_layers, max_len, mode, n_heads=8, **kw):
 def _lm(
   mode, d_model=512, d_ff=2048, n_layers=2, max_len=2048, n_heads=8, **kw
 ):
-  # Bytes in, d 512, 2 layers, up to 2048 positions.
+  # Bytes in; by default d 512, 2 layers, up to 2048 positions.
   return trax.models.TransformerLM(
     256, d_model=d_model, d_ff=d_ff, n_layers=n_layers, max_len=max_len,
     mode=mode, n_heads=n_heads, dropout=0.1, **kw
@@ -57,8 +57,9 @@ def _long_source(mode, **kw):
 
 # --quick: one layer, d 64; the smoke test of every part of the bench.
 def _toy_lm(mode, **kw):
-  return _lm(mode, d_model=64, d_ff=128, n_layers=1, max_len=256, n_heads=4,
-             **kw)  # fmt: skip
+  return _lm(
+    mode, d_model=64, d_ff=128, n_layers=1, max_len=256, n_heads=4, **kw
+  )
 
 
 def toy_transformer(mode, **kw):
@@ -88,6 +89,11 @@ QUICK_CASES = {
   'toy TransformerLM 2x128': (_toy_lm, (2, 128), (2, 8)),
   'toy Transformer 4x64 -> 16': (toy_transformer, (4, 64, 16), (4, 8)),
 }
+
+
+def vocab_size(builder):
+  """The vocabulary `builder`'s model is built with: bytes unless listed."""
+  return VOCAB_SIZES.get(builder, 256)
 
 
 def build(builder, contender, mode):
@@ -160,7 +166,7 @@ def greedy_decoding(model, shape, source_shape, vocab):
 def bench_case(builder, train_shape, decode_shape, rounds, log=print):
   """{contender: {train_steps_per_s, train_round_s, train_temp_mb,
   decode_tokens_per_s}} for one model."""
-  vocab = VOCAB_SIZES.get(builder, 256)
+  vocab = vocab_size(builder)
   inputs = _batch(train_shape, vocab)
   steps, memory = {}, {}
   for name in CONTENDERS:

@@ -171,7 +171,7 @@ def _layer_case(step, executed, shape, flops, rounds, matmul):
 
 def _lm_case(case, rounds):
   builder, shape, _ = (model_bench.QUICK_CASES | model_bench.CASES)[case]
-  inputs = model_bench._batch(shape, 256)
+  inputs = model_bench._batch(shape, model_bench.vocab_size(builder))
   times, speedup = _interleaved(
     {
       name: model_bench.training_step(
