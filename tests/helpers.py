@@ -101,52 +101,62 @@ def command(name):
   return importlib.import_module(f'trax_qkv.cli.{name}')
 
 
-def tiny_train_bindings(tfds_dir, steps, eval_frequency=5, d_model=32):
-  """gin bindings for a seconds-long scripts/train.py run on tiny numbers."""
+# The one tiny model and data of every test that trains (trax-qkv-train's
+# bindings and trax-qkv-validate's settings alike): a training step is
+# compiled once per batch shape, so tests that share them read the
+# run's XLA cache instead of compiling their own (docs/tests.md).
+TINY_MODEL = dict(vocab_size=200, d_model=32, d_ff=64, n_layers=1, n_heads=4)
+TINY_DATASET = 'trax_qkv_numbers/tiny'
+TINY_BATCH_SIZE = 16
+
+
+def tiny_train_bindings(tfds_dir, steps, eval_frequency=5, d_model=None):
+  """gin bindings of a seconds-long trax-qkv-train run of the tiny model
+  (`d_model`: another width, for tests of a checkpoint that does not fit)."""
+  d_model = d_model or TINY_MODEL['d_model']
   return [
-    "trax_qkv.data.translation_data.dataset = 'trax_qkv_numbers/tiny'",
+    f"trax_qkv.data.translation_data.dataset = '{TINY_DATASET}'",
     f"trax_qkv.data.translation_data.data_dir = '{tfds_dir}'",
-    'trax_qkv.data.translation_data.vocab_size = 200',
+    f'trax_qkv.data.translation_data.vocab_size = {TINY_MODEL["vocab_size"]}',
     f'Transformer.d_model = {d_model}',
     f'Transformer.d_ff = {2 * d_model}',
-    'Transformer.n_encoder_layers = 1',
-    'Transformer.n_decoder_layers = 1',
+    f'Transformer.n_heads = {TINY_MODEL["n_heads"]}',
+    f'Transformer.n_encoder_layers = {TINY_MODEL["n_layers"]}',
+    f'Transformer.n_decoder_layers = {TINY_MODEL["n_layers"]}',
     f'train.steps = {steps}',
     f'train.eval_frequency = {eval_frequency}',
     'train.eval_steps = 1',
   ]
 
 
+def tiny_validation_config(tfds_dir, steps, eval_every, **changes):
+  """The ValidationConfig of a seconds-long run of the tiny model on tiny
+  numbers (6 test sentences); `changes` are other settings."""
+  from trax_qkv.validation import config as config_lib
+
+  settings = dict(
+    TINY_MODEL,
+    dataset=TINY_DATASET,
+    data_dir=str(tfds_dir),
+    batch_size=TINY_BATCH_SIZE,
+    max_test_sentences=6,
+    n_beams=3,
+    steps=steps,
+    eval_every=eval_every,
+  )
+  return config_lib.ValidationConfig(**dict(settings, **changes))
+
+
 def tiny_validate_flags(tfds_dir, output_dir, steps, eval_every, *more):
-  """trax-qkv-validate flags of a seconds-long run on tiny numbers (1+1
-  layers, d_model 32, 4 test sentences); `more` flags are added."""
-  return [
-    '--dataset',
-    'trax_qkv_numbers/tiny',
-    '--data_dir',
-    str(tfds_dir),
-    '--vocab_size',
-    '200',
-    '--d_model',
-    '32',
-    '--d_ff',
-    '64',
-    '--n_layers',
-    '1',
-    '--n_heads',
-    '2',
-    '--steps',
-    str(steps),
-    '--eval_every',
-    str(eval_every),
-    '--batch_size',
-    '16',
-    '--max_test_sentences',
-    '4',
-    *more,
-    '--output_dir',
-    str(output_dir),
-  ]
+  """trax-qkv-validate flags of `tiny_validation_config`; `more` flags are
+  added."""
+  config = tiny_validation_config(tfds_dir, steps, eval_every)
+  names = [*TINY_MODEL, 'dataset', 'data_dir', 'batch_size']
+  names += ['max_test_sentences', 'n_beams', 'steps', 'eval_every']
+  flags = []
+  for name in names:
+    flags += [f'--{name}', str(getattr(config, name))]
+  return flags + [*more, '--output_dir', str(output_dir)]
 
 
 class RunsCode:

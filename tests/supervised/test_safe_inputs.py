@@ -17,12 +17,14 @@ import textwrap
 import threading
 
 from helpers import CONFIGS
+from helpers import TINY_MODEL
 from helpers import RunsCode
 from helpers import assert_loads_as_pickle
 from helpers import command
 from helpers import shared_data_dir
 from helpers import tiny_train_bindings
 from helpers import tiny_validate_flags
+from helpers import tiny_validation_config
 import numpy as np
 import pytest
 import trax
@@ -39,27 +41,11 @@ from trax_qkv.validation import run as validation
 
 
 def _tiny_config(base, **changes):
-  return config_lib.ValidationConfig(
-    **dict(
-      dict(
-        dataset='trax_qkv_numbers/tiny',
-        data_dir=shared_data_dir(base),
-        vocab_size=200,
-        d_model=16,
-        d_ff=32,
-        n_layers=1,
-        n_heads=2,
-        steps=6,
-        eval_every=3,
-        batch_size=8,
-        implementations=('reference',),
-        max_test_sentences=2,
-        beam_sentences=0,
-        heatmap_sentences=0,
-      ),
-      **changes,
-    )
-  )
+  return tiny_validation_config(
+    shared_data_dir(base), 6, 3,
+    implementations=('reference',), beam_sentences=0, heatmap_sentences=0,
+    **changes,
+  )  # fmt: skip
 
 
 @pytest.fixture(scope='module')
@@ -117,12 +103,10 @@ def _refused(capsys, argv_main, snapshot_dir, match):
 
 
 def _validate_argv(run, out, steps=6):
-  # The tiny run, smaller still (a later flag wins) and without beams or
-  # heat maps.
+  # The tiny run, without beams or heat maps.
   return tiny_validate_flags(
     shared_data_dir(run), out, steps, 3,
-    '--d_model', '16', '--d_ff', '32', '--batch_size', '8',
-    '--implementations', 'reference', '--max_test_sentences', '2',
+    '--implementations', 'reference',
     '--beam_sentences', '0', '--heatmap_sentences', '0',
   )  # fmt: skip
 
@@ -137,7 +121,7 @@ def _train_argv(run, out, steps=4, eval_frequency=2):
     (
       ['--config', b]
       for b in tiny_train_bindings(
-        str(shared_data_dir(run)), steps, eval_frequency, d_model=16
+        str(shared_data_dir(run)), steps, eval_frequency
       )
     ),
     [],
@@ -580,7 +564,7 @@ def test_train_saves_its_last_step(run, tmp_path):
   command('train').main(_train_argv(run, out, steps=7, eval_frequency=3))
   assert checkpointing.checkpoint_step(str(out)) == 7
   loaded = model_dir.load(out)
-  assert loaded.settings['d_model'] == 16
+  assert loaded.settings['d_model'] == TINY_MODEL['d_model']
 
 
 # ------------------------------------------------------------------ files

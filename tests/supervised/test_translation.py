@@ -13,6 +13,7 @@ import textwrap
 from helpers import ROOT
 from helpers import command
 from helpers import shared_data_dir
+from helpers import tiny_validation_config
 import numpy as np
 import pytest
 
@@ -31,25 +32,14 @@ TEST_SENTENCES = 6
 
 @pytest.fixture(scope='module')
 def tiny_run(tmp_path_factory):
-  """A tiny trax-qkv-validate run (vocab_size 1: the builder's smallest)."""
+  """A tiny trax-qkv-validate run of the reference model."""
   base = tmp_path_factory.mktemp('tiny_run')
-  config = config_lib.ValidationConfig(
-    dataset='trax_qkv_numbers/tiny',
-    data_dir=shared_data_dir(base),
-    vocab_size=1,
-    d_model=32,
-    d_ff=64,
-    n_layers=1,
-    n_heads=4,
-    steps=60,
-    eval_every=30,
-    batch_size=16,
+  config = tiny_validation_config(
+    shared_data_dir(base), 60, 30,
     implementations=('reference',),
-    max_test_sentences=TEST_SENTENCES,
     beam_sentences=TEST_SENTENCES,
-    n_beams=3,
     heatmap_sentences=1,
-  )
+  )  # fmt: skip
   log = []
   summary = validation.run_validation(config, str(base / 'out'), log=log.append)
   return config, base / 'out', summary, log
@@ -67,17 +57,25 @@ def _test_pairs(config):
 
 
 @pytest.mark.slow
-def test_a_vocabulary_smaller_than_possible_is_reported(tiny_run):
+def test_the_report_gives_the_vocabulary_requested_and_made(tiny_run):
   config, out, summary, log = tiny_run
-  assert summary['vocab_size'] > 10 * config.vocab_size
-  assert any(
-    f'--vocab_size 1 became {summary["vocab_size"]} subwords' in line
-    for line in log
+  made = f'{summary["vocab_size"]} subwords ({config.vocab_size} requested)'
+  assert f'vocabulary: {made}' in log
+  assert made in (out / 'report.md').read_text()
+
+
+def test_a_vocabulary_smaller_than_possible_is_reported(tmp_path):
+  config = tiny_validation_config(shared_data_dir(tmp_path), 1, 1, vocab_size=1)
+  data = data_lib.translation_data(
+    config.dataset,
+    config.keys,
+    data_dir=config.data_dir,
+    vocab_size=config.vocab_size,
   )
-  assert (
-    f'{summary["vocab_size"]} subwords (1 requested)'
-    in (out / 'report.md').read_text()
-  )
+  log = []
+  corpus = validation.prepare_corpus(config, data, log.append)
+  assert corpus.vocab.vocab_size > 10 * config.vocab_size
+  assert f'--vocab_size 1 became {corpus.vocab.vocab_size} subwords' in log[-1]
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ import json
 
 from helpers import command
 from helpers import shared_data_dir
+from helpers import tiny_validation_config
 import pytest
 
 from trax_qkv.supervised import scoring
@@ -96,19 +97,8 @@ def test_bad_config_is_rejected_before_any_work(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_side_by_side_run_is_identical(tmp_path):
-  config = config_lib.ValidationConfig(
-    dataset='trax_qkv_numbers/tiny',
-    data_dir=shared_data_dir(tmp_path),
-    vocab_size=200,
-    d_model=32,
-    d_ff=64,
-    n_layers=1,
-    n_heads=4,
-    steps=12,
-    eval_every=6,
-    batch_size=16,
-    beam_sentences=2,
-    heatmap_sentences=2,
+  config = tiny_validation_config(
+    shared_data_dir(tmp_path), 12, 6, beam_sentences=2, heatmap_sentences=2
   )
   out = tmp_path / 'out'
   summary = validation.run_validation(config, str(out), log=lambda _: None)
@@ -156,21 +146,11 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
 def test_tiny_run_with_reference_in_every_site_is_identical(tmp_path):
   """'reference' in encoder self-, decoder causal and cross-attention: the
   same losses and decodes as Trax's layers; the report says what ran where."""
-  config = config_lib.ValidationConfig(
-    dataset='trax_qkv_numbers/tiny',
-    data_dir=shared_data_dir(tmp_path),
-    vocab_size=200,
-    d_model=32,
-    d_ff=64,
-    n_layers=1,
-    n_heads=4,
-    steps=8,
-    eval_every=4,
-    batch_size=16,
-    beam_sentences=0,
-    heatmap_sentences=0,
+  config = tiny_validation_config(
+    shared_data_dir(tmp_path), 8, 4,
+    beam_sentences=0, heatmap_sentences=0,
     sites=('self_attention', 'causal_attention', 'cross_attention'),
-  )
+  )  # fmt: skip
   out = tmp_path / 'out'
   summary = validation.run_validation(config, str(out), log=lambda _: None)
   assert summary['max_loss_diff'] == 0.0
