@@ -174,15 +174,63 @@ def test_two_processes_validate_as_one_process_with_two_devices(tmp_path):
   assert not list(two_processes.glob('**/data_counters1.pkl'))
 
 
+def _slurm_job_with_a_free_port():
+  """A SLURM_JOB_ID whose coordinator port (JAX's SLURM rule: the job id
+  modulo 4096, from 61440 on) is free here."""
+  for job in range(1000, 5096):
+    with socket.socket() as s:
+      try:
+        s.bind(('127.0.0.1', job % 4096 + 61440))
+      except OSError:
+        continue
+      return job
+  pytest.skip('no free port in 61440-65535 for an emulated SLURM job')
+
+
+def _run_as_slurm_job(argv, log_dir):
+  """Runs `argv --distributed auto` as two tasks of an emulated SLURM job
+  on one node: the environment srun gives them, which JAX's SLURM
+  detection reads (the real srun is not here)."""
+  job = _slurm_job_with_a_free_port()
+  processes = [
+    subprocess.Popen(
+      _cli(*argv, '--distributed', 'auto'),
+      cwd=ROOT,
+      env=dict(
+        launcher.child_environment(),
+        SLURM_JOB_ID=str(job),
+        SLURM_STEP_NODELIST='127.0.0.1',
+        SLURM_NTASKS='2',
+        SLURM_PROCID=str(i),
+        SLURM_LOCALID=str(i),
+      ),
+      stdout=subprocess.DEVNULL,
+      stderr=open(log_dir / f'auto{i}.log', 'w'),
+    )
+    for i in range(2)
+  ]
+  for i, process in enumerate(processes):
+    assert process.wait(timeout=600) == 0, (
+      log_dir / f'auto{i}.log'
+    ).read_text()[-3000:]
+
+
 @pytest.mark.slow
 def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
   tmp_path,
 ):
+  """The uninterrupted run is a SLURM job's two tasks, joined by
+  --distributed auto; the killed one and its rerun are started by hand."""
   steps = 60
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
-  argv = _train_argv(tmp_path, uninterrupted, steps, eval_frequency=10)
-  assert _trax_qkv_cli.run('train', argv[1:] + ['--local_processes', '2']) == 0
+  _run_as_slurm_job(
+    _train_argv(tmp_path, uninterrupted, steps, eval_frequency=10), tmp_path
+  )
   assert checkpointing.checkpoint_step(str(uninterrupted)) == steps
+  # One run of two processes: one chief wrote, one set of data positions.
+  assert [p.name for p in uninterrupted.glob('data_counters*')] == [
+    'data_counters0.pkl'
+  ]
 
   argv = _train_argv(tmp_path, resumed, steps, eval_frequency=10)
   logs = tmp_path / 'killed'
@@ -216,55 +264,6 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
   for process in _processes(argv, 2, launcher.free_port(), logs):
     assert process.wait(timeout=600) == 0
   _assert_same_checkpoint(uninterrupted, resumed)
-
-
-def _slurm_job_with_a_free_port():
-  """A SLURM_JOB_ID whose coordinator port (JAX's SLURM rule: the job id
-  modulo 4096, from 61440 on) is free here."""
-  for job in range(1000, 5096):
-    with socket.socket() as s:
-      try:
-        s.bind(('127.0.0.1', job % 4096 + 61440))
-      except OSError:
-        continue
-      return job
-  pytest.skip('no free port in 61440-65535 for an emulated SLURM job')
-
-
-@pytest.mark.slow
-def test_distributed_auto_joins_the_slurm_job_it_finds(tmp_path):
-  # The environment srun gives two tasks on one node; JAX's SLURM
-  # detection reads it (the real srun is not here).
-  out = tmp_path / 'out'
-  job = _slurm_job_with_a_free_port()
-  processes = [
-    subprocess.Popen(
-      _cli(
-        *_train_argv(tmp_path, out, steps=10, eval_frequency=5),
-        '--distributed',
-        'auto',
-      ),
-      cwd=ROOT,
-      env=dict(
-        launcher.child_environment(),
-        SLURM_JOB_ID=str(job),
-        SLURM_STEP_NODELIST='127.0.0.1',
-        SLURM_NTASKS='2',
-        SLURM_PROCID=str(i),
-        SLURM_LOCALID=str(i),
-      ),
-      stdout=subprocess.DEVNULL,
-      stderr=open(tmp_path / f'auto{i}.log', 'w'),
-    )
-    for i in range(2)
-  ]
-  for i, process in enumerate(processes):
-    assert process.wait(timeout=600) == 0, (
-      tmp_path / f'auto{i}.log'
-    ).read_text()[-3000:]
-  assert checkpointing.checkpoint_step(str(out)) == 10
-  # One run of two processes: one chief wrote, one set of data positions.
-  assert [p.name for p in out.glob('data_counters*')] == ['data_counters0.pkl']
 
 
 # ------------------------------------------------------- faults at start-up
