@@ -27,8 +27,6 @@ from trax_qkv.supervised import translation
 from trax_qkv.validation import config as config_lib
 from trax_qkv.validation import run as validation
 
-TEST_SENTENCES = 6
-
 
 @pytest.fixture(scope='module')
 def tiny_run(tmp_path_factory):
@@ -37,7 +35,6 @@ def tiny_run(tmp_path_factory):
   config = tiny_validation_config(
     shared_data_dir(base), 60, 30,
     implementations=('reference',),
-    beam_sentences=TEST_SENTENCES,
     heatmap_sentences=1,
   )  # fmt: skip
   log = []
@@ -45,15 +42,20 @@ def tiny_run(tmp_path_factory):
   return config, base / 'out', summary, log
 
 
-def _test_pairs(config):
-  data = data_lib.translation_data(
+def _data(config):
+  return data_lib.translation_data(
     config.dataset,
     config.keys,
     data_dir=config.data_dir,
     vocab_size=config.vocab_size,
   )
+
+
+def _test_pairs(config):
+  """The run's test sentences (every one decoded greedily and with beams)."""
+  data = _data(config)
   pairs = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
-  return pairs[:TEST_SENTENCES], data.vocab()
+  return pairs[: config.max_test_sentences], data.vocab()
 
 
 @pytest.mark.slow
@@ -66,14 +68,8 @@ def test_the_report_gives_the_vocabulary_requested_and_made(tiny_run):
 
 def test_a_vocabulary_smaller_than_possible_is_reported(tmp_path):
   config = tiny_validation_config(shared_data_dir(tmp_path), 1, 1, vocab_size=1)
-  data = data_lib.translation_data(
-    config.dataset,
-    config.keys,
-    data_dir=config.data_dir,
-    vocab_size=config.vocab_size,
-  )
   log = []
-  corpus = validation.prepare_corpus(config, data, log.append)
+  corpus = validation.prepare_corpus(config, _data(config), log.append)
   assert corpus.vocab.vocab_size > 10 * config.vocab_size
   assert f'--vocab_size 1 became {corpus.vocab.vocab_size} subwords' in log[-1]
 
