@@ -8,10 +8,14 @@ import subprocess
 import sys
 import warnings
 
+import jax
+import numpy as np
 from packaging import requirements
 import pytest
 from trax import fastmath
+from trax import shapes
 import trax.layers
+import trax.models
 from trax.models import transformer as trax_transformer
 
 import trax_qkv
@@ -182,3 +186,80 @@ def test_importing_trax_qkv_first_patches_before_trax_uses_it():
     check=True,
   ).stdout.split()
   assert out[-3:] == ['0', 'FramesOnlyInspect', 'False']
+
+
+# ------------------------------------------------ patch 7: building a model
+
+
+def _init_with(init_weights_and_state, model_fn, signature, monkeypatch):
+  """(weights and state leaves, their tree, output signature) of a model
+  built and initialized with `init_weights_and_state` as Serial's."""
+  monkeypatch.setattr(
+    trax.layers.Serial, 'init_weights_and_state', init_weights_and_state
+  )
+  model = model_fn()
+  weights_and_state = model.init(signature, rng=jax.random.PRNGKey(3))
+  leaves, tree = jax.tree_util.tree_flatten(weights_and_state)
+  return (
+    [np.asarray(x) for x in leaves],
+    tree,
+    model.output_signature(signature),
+  )
+
+
+@pytest.mark.parametrize('mode', ['train', 'predict'])
+def test_serial_init_gives_trax_own_weights_and_state(mode, monkeypatch):
+  """Every attention site ours and Trax's, in training and in predict mode
+  (its caches are state): the same leaves, tree and output signature as
+  Trax's own `Serial.init_weights_and_state` gives."""
+  assert (
+    trax.layers.Serial.init_weights_and_state
+    is patches._serial_init_weights_and_state
+  )
+
+  def model_fn():
+    sites = dict.fromkeys(('self_attention', 'cross_attention'), 'reference')
+    with trax_qkv.use_attention(**sites):
+      return trax.models.Transformer(
+        30, d_model=16, d_ff=32, n_heads=2, n_encoder_layers=2,
+        n_decoder_layers=2, mode=mode,
+      )  # fmt: skip
+
+  length = 1 if mode == 'predict' else 5
+  signature = (
+    shapes.ShapeDtype((2, 7), np.int32),
+    shapes.ShapeDtype((2, length), np.int32),
+  )
+  ours = _init_with(
+    patches._serial_init_weights_and_state, model_fn, signature, monkeypatch
+  )
+  trax_own = _init_with(
+    patches._original_serial_init, model_fn, signature, monkeypatch
+  )
+  assert ours[1] == trax_own[1] and ours[2] == trax_own[2]
+  assert len(ours[0]) == len(trax_own[0]) > 0
+  for a, b in zip(ours[0], trax_own[0]):
+    assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_serial_init_still_traces_layers_with_their_own_forward(monkeypatch):
+  """A shape error inside a nested Serial is still Trax's LayerError, and a
+  Serial subclass (its forward is not Serial's) is traced, not trusted."""
+  traced = []
+
+  class Doubling(trax.layers.Serial):
+    def forward(self, xs):
+      traced.append(1)
+      return super().forward(xs) * 2
+
+  inner = Doubling(trax.layers.Dense(3))
+  model = trax.layers.Serial(trax.layers.Serial(inner), trax.layers.Dense(2))
+  model.init(shapes.ShapeDtype((4, 5)))
+  assert traced  # traced abstractly, by its parent
+  broken = trax.layers.Serial(
+    trax.layers.Serial(
+      trax.layers.Dense(3), trax.layers.Fn('Bad', lambda x: x @ x)
+    )
+  )
+  with pytest.raises(trax.layers.LayerError, match='Bad'):
+    broken.init(shapes.ShapeDtype((4, 5)))

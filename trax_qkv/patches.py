@@ -5,8 +5,9 @@ nothing). None of these changes numerics or a model: the first three fix
 crashes of trax 1.4.1 on current JAX, the fourth keeps checkpoint files
 from running code, the fifth lets `training.Loop` restore what Trax's
 older trainer wrote, the sixth cuts most of the time importing Trax
-takes. They are written for the trax and jax versions that trax_qkv's
-own package metadata requires (setup.cfg); with others `apply()` warns.
+takes, the seventh most of the time building a model takes. They are
+written for the trax and jax versions that trax_qkv's own package
+metadata requires (setup.cfg); with others `apply()` warns.
 (Making trax.models' attention selectable is not a fix to Trax:
 `models.registry.install` does it, beside the sites.)
 
@@ -40,6 +41,15 @@ own package metadata requires (setup.cfg); with others `apply()` warns.
    must be in place before Trax is imported: `trax_qkv.import_patches`
    holds it (and the version guard), and `trax_qkv/__init__` installs it
    first.
+7. `trax.layers.Serial.init_weights_and_state`: to pass each sublayer's
+   output signature to the next, Trax traces the sublayer abstractly
+   (`_forward_abstract`) after initializing it. A Serial sublayer has just
+   worked its own output out, sublayer by sublayer, while initializing, so
+   tracing it again repeated the work of every level below: model building
+   grew with depth times size (for a 2+2-layer Transformer, two thirds of
+   `init`). A plain Serial's outputs from its own `init` are used when its
+   inputs are the same; every other layer is traced as before, so the
+   weights, state and errors are Trax's (tests/test_patches.py).
 """
 
 import contextlib
@@ -56,6 +66,7 @@ from trax.data import inputs as trax_inputs
 import trax.layers
 from trax.layers import acceleration
 from trax.layers import base as trax_layers_base
+from trax.layers import combinators as trax_combinators
 from trax.rl import training as trax_rl_training
 from trax.supervised import history as trax_history
 from trax.supervised import training as trax_training
@@ -73,6 +84,7 @@ _original_tree_unflatten = fastmath_numpy.tree_unflatten
 _original_on_cpu = acceleration.on_cpu
 _original_np_from_file = trax_layers_base.np_from_file
 _original_history_from_dict = trax_history.History.from_dict.__func__
+_original_serial_init = trax_combinators.Serial.init_weights_and_state
 _CHECKPOINT_READERS = (
   trax_training,
   trax_layers_base,
@@ -135,8 +147,35 @@ def _history_from_dict(cls, json_object):
   return _original_history_from_dict(cls, json_object)
 
 
+def _serial_init_weights_and_state(self, input_signature):
+  """Trax's `Serial.init_weights_and_state`, reusing the output signature a
+  plain Serial sublayer found while initializing (patch 7)."""
+  weights, states = [], []
+  stack = input_signature
+  for sublayer in self.sublayers:
+    inputs = trax_combinators.inputs_from_stack(stack, sublayer.n_in)
+    weights_or_marker, state_or_marker = sublayer.init(inputs, use_cache=True)
+    # Subclasses (`@assert_shape`'s checks among them) have their own
+    # forward: only Serial's own is known to give the stack it built.
+    found = getattr(sublayer, '_trax_qkv_init_signatures', None)
+    if (
+      type(sublayer).forward is trax_combinators.Serial.forward
+      and found is not None
+      and found[0] == inputs
+    ):
+      outputs = found[1]
+    else:
+      outputs, _ = sublayer._forward_abstract(inputs)
+    stack = trax_combinators.outputs_onto_stack(outputs, stack, sublayer.n_in)
+    weights.append(weights_or_marker)
+    states.append(state_or_marker)
+  self.state = tuple(states)
+  self.weights = tuple(weights)
+  self._trax_qkv_init_signatures = (input_signature, stack)
+
+
 def apply():
-  """Applies patches 1-6 (see the module doc); idempotent."""
+  """Applies patches 1-7 (see the module doc); idempotent."""
   global _applied
   if _applied:
     return
@@ -165,6 +204,9 @@ def apply():
     checkpoint_files.SafePickleModule(), checkpoint_files.np_from_file
   )
   trax_history.History.from_dict = classmethod(_history_from_dict)
+  trax_combinators.Serial.init_weights_and_state = (
+    _serial_init_weights_and_state
+  )
   import_patches.install()  # if Trax was imported before trax_qkv
   _applied = True
 
