@@ -263,3 +263,18 @@ def test_serial_init_still_traces_layers_with_their_own_forward(monkeypatch):
   )
   with pytest.raises(trax.layers.LayerError, match='Bad'):
     broken.init(shapes.ShapeDtype((4, 5)))
+
+
+def test_serial_init_inside_a_traced_function():
+  """Layers may be initialized on tracers (inputs of a jitted function)."""
+
+  def init(x):
+    inner = trax.layers.Serial(trax.layers.Dense(3), trax.layers.Serial())
+    model = trax.layers.Serial(inner, trax.layers.Dense(2))
+    weights, _ = model.init(x, rng=jax.random.PRNGKey(0))
+    return weights
+
+  weights = jax.eval_shape(init, jax.ShapeDtypeStruct((4, 5), np.float32))
+  assert [w.shape for w in jax.tree_util.tree_leaves(weights)] == [
+    (5, 3), (3,), (3, 2), (2,)
+  ]  # fmt: skip
