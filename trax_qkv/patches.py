@@ -147,18 +147,6 @@ def _history_from_dict(cls, json_object):
   return _original_history_from_dict(cls, json_object)
 
 
-def _shapes_and_dtypes(signature):
-  """A signature's items as (shape, dtype) pairs, or None for a form other
-  than one item or a flat tuple of them. Items may be ShapeDtypes, arrays
-  or tracers (a layer initialized inside a traced function)."""
-  items = signature if isinstance(signature, (list, tuple)) else (signature,)
-  if not all(hasattr(x, 'shape') and hasattr(x, 'dtype') for x in items):
-    return None
-  return isinstance(signature, (list, tuple)), tuple(
-    (tuple(x.shape), np.dtype(x.dtype)) for x in items
-  )
-
-
 def _serial_init_weights_and_state(self, input_signature):
   """Trax's `Serial.init_weights_and_state`, reusing the output signature a
   plain Serial sublayer found while initializing (patch 7)."""
@@ -173,7 +161,7 @@ def _serial_init_weights_and_state(self, input_signature):
     if (
       type(sublayer).forward is trax_combinators.Serial.forward
       and found is not None
-      and found[0] == _shapes_and_dtypes(inputs)
+      and found[0] == trax.shapes.signature(inputs)
     ):
       outputs = found[1]
     else:
@@ -183,20 +171,13 @@ def _serial_init_weights_and_state(self, input_signature):
     states.append(state_or_marker)
   self.state = tuple(states)
   self.weights = tuple(weights)
-  # Kept as the abstract trace gives them: ShapeDtypes, never the arrays
-  # or tracers of inputs that the sublayers passed through.
-  inputs, outputs = (
-    _shapes_and_dtypes(input_signature),
-    _shapes_and_dtypes(stack),
+  # As the abstract trace gives them: ShapeDtypes, never the arrays or
+  # tracers (a layer initialized inside a traced function) of inputs that
+  # the sublayers passed through; compared by shape and dtype.
+  self._trax_qkv_init_signatures = (
+    trax.shapes.signature(input_signature),
+    trax.shapes.signature(stack),
   )
-  self._trax_qkv_init_signatures = None
-  if inputs and outputs:
-    self._trax_qkv_init_signatures = (
-      inputs,
-      trax_combinators._make_singleitem_or_original(
-        tuple(trax.shapes.ShapeDtype(*item) for item in outputs[1])
-      ),
-    )
 
 
 def apply():
