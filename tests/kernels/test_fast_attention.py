@@ -96,18 +96,19 @@ def test_forward_and_gradients_match_reference(case, name):
   def candidate(q, k, v):
     return fast(q, k, v, mask, n_heads)
 
-  # Jitted, as the layers run them: one program per function, not one
-  # per operation.
-  forward = jax.jit(candidate)(q, k, v)
-  assert _relative_error(forward, jax.jit(reference)(q, k, v)) < RTOL
+  # Jitted, as the layers run them: one program per function (its forward
+  # pass and gradients), not one per operation.
   cotangent = jax.random.normal(jax.random.PRNGKey(3), q.shape)
-  grads = [
-    jax.jit(
-      jax.grad(lambda *x, f=f: jnp.sum(f(*x) * cotangent), argnums=(0, 1, 2))
-    )(q, k, v)
-    for f in (reference, candidate)
-  ]
-  for g_candidate, g_reference in zip(grads[1], grads[0]):
+
+  def forward_and_grads(f):
+    loss = lambda *x: jnp.sum(f(*x) * cotangent)  # noqa: E731
+    both = lambda *x: (f(*x), jax.grad(loss, argnums=(0, 1, 2))(*x))  # noqa: E731
+    return jax.jit(both)(q, k, v)
+
+  forward, grads = forward_and_grads(candidate)
+  expected_forward, expected_grads = forward_and_grads(reference)
+  assert _relative_error(forward, expected_forward) < RTOL
+  for g_candidate, g_reference in zip(grads, expected_grads):
     assert _relative_error(g_candidate, g_reference) < RTOL
 
 
@@ -408,13 +409,19 @@ def test_key_block_projection_matches_reference(case, monkeypatch):
   rng = jax.random.PRNGKey(0)
   x = (q, k, v, mask)
   weights, state = reference.init(shapes.signature(x), rng=rng)
-  y_ref = reference.pure_fn(x, weights, state, rng)[0][0]
-  y_fast = fast.pure_fn(x, weights, state, rng)[0][0]
+
+  def forward_and_grads(layer):  # one program each, as training runs them
+    return jax.jit(
+      lambda w: (
+        layer.pure_fn(x, w, state, rng)[0][0],
+        _layer_gradients(layer, w, state, x, rng),
+      )
+    )(weights)
+
+  y_fast, grads_fast = forward_and_grads(fast)
+  y_ref, grads_ref = forward_and_grads(reference)
   assert _relative_error(y_fast, y_ref) < RTOL
-  _assert_gradients_close(
-    _layer_gradients(fast, weights, state, x, rng),
-    _layer_gradients(reference, weights, state, x, rng),
-  )
+  _assert_gradients_close(grads_fast, grads_ref)
 
 
 def test_auto_projects_key_blocks_only_for_long_keys():
