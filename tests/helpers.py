@@ -72,6 +72,17 @@ def assert_trees_equal(a, b):
     )
 
 
+def jitted_forward_and_gradients(f, cotangent, *args):
+  """(f(*args), the gradients of sum(f(*args) * cotangent) with respect to
+  each argument), jitted as one program: the tolerance tests of the
+  kernels compare these, a program per function instead of one per
+  operation. The forward pass is f's primal (as eval and predict run it),
+  the gradients go through its custom VJP if it has one."""
+  loss = lambda *x: jnp.sum(f(*x) * cotangent)  # noqa: E731
+  argnums = tuple(range(len(args)))
+  return jax.jit(lambda *x: (f(*x), jax.grad(loss, argnums)(*x)))(*args)
+
+
 def require_shared_data(name):
   path = os.path.join(SHARED_DATA, name)
   if not os.path.isdir(path):

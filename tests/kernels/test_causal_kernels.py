@@ -3,6 +3,7 @@ lower-triangular mask: float32, 1e-5, forward and gradients."""
 
 import functools
 
+from helpers import jitted_forward_and_gradients
 import hypothesis
 import hypothesis.strategies as st
 import jax
@@ -53,19 +54,11 @@ def test_forward_and_gradients_match_reference(
     diagonal_split=split,
   )
 
-  # Jitted, as the layers run them, and one program per function and
-  # example (compiling is most of this test's time): the forward pass as
-  # eval and predict run it (the kernel's primal), and its gradients
-  # through the custom VJP.
-  def forward_and_grads(f):
-    def both(q, k, v):
-      loss = lambda q, k, v: jnp.sum(f(q, k, v) * cotangent)  # noqa: E731
-      return f(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
-
-    return jax.jit(both)(q, k, v)
-
-  forward, got = forward_and_grads(attend)
-  expected_forward, expected = forward_and_grads(_reference)
+  # Compiling is most of this test's time: one program per function.
+  forward, got = jitted_forward_and_gradients(attend, cotangent, q, k, v)
+  expected_forward, expected = jitted_forward_and_gradients(
+    _reference, cotangent, q, k, v
+  )
   assert _relative_error(forward, expected_forward) < RTOL
   for g, e in zip(got, expected):
     assert _relative_error(g, e) < RTOL

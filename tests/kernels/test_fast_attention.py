@@ -2,6 +2,7 @@
 
 import functools
 
+from helpers import jitted_forward_and_gradients
 from helpers import qkv_inputs
 import jax
 import jax.numpy as jnp
@@ -96,17 +97,11 @@ def test_forward_and_gradients_match_reference(case, name):
   def candidate(q, k, v):
     return fast(q, k, v, mask, n_heads)
 
-  # Jitted, as the layers run them: one program per function (its forward
-  # pass and gradients), not one per operation.
   cotangent = jax.random.normal(jax.random.PRNGKey(3), q.shape)
-
-  def forward_and_grads(f):
-    loss = lambda *x: jnp.sum(f(*x) * cotangent)  # noqa: E731
-    both = lambda *x: (f(*x), jax.grad(loss, argnums=(0, 1, 2))(*x))  # noqa: E731
-    return jax.jit(both)(q, k, v)
-
-  forward, grads = forward_and_grads(candidate)
-  expected_forward, expected_grads = forward_and_grads(reference)
+  forward, grads = jitted_forward_and_gradients(candidate, cotangent, q, k, v)
+  expected_forward, expected_grads = jitted_forward_and_gradients(
+    reference, cotangent, q, k, v
+  )
   assert _relative_error(forward, expected_forward) < RTOL
   for g_candidate, g_reference in zip(grads, expected_grads):
     assert _relative_error(g_candidate, g_reference) < RTOL

@@ -42,7 +42,7 @@ from trax_qkv.supervised import checkpointing
 
 VOCAB = 20
 # One layer each side: what is checked is how files are written and read,
-# and each writer's first training step compiles in half the time.
+# and a smaller model's training step compiles faster.
 CONFIG = dict(
   TINY_TRANSFORMER, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0
 )
