@@ -25,16 +25,18 @@ def pytest_configure(config):
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
   jax = sys.modules.get('jax')
-  if jax is not None:  # a plugin imported it: it has read the environment
+  if jax is not None:  # a plugin imported it: jax read the variables then
     jax.config.update(
       'jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR']
     )
-    for name, kind in (
-      ('min_compile_time_secs', float),
-      ('min_entry_size_bytes', int),
-    ):
-      value = kind(os.environ[f'JAX_PERSISTENT_CACHE_{name.upper()}'])
-      jax.config.update(f'jax_persistent_cache_{name}', value)
+    jax.config.update(
+      'jax_persistent_cache_min_compile_time_secs',
+      float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']),
+    )
+    jax.config.update(
+      'jax_persistent_cache_min_entry_size_bytes',
+      int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES']),
+    )
 
 
 def pytest_unconfigure(config):
