@@ -164,6 +164,7 @@ def test_installed_on_a_trax_already_imported(monkeypatch):
   assert assert_shape.inspect is inspect
 
 
+@pytest.mark.slow
 def test_importing_trax_qkv_first_patches_before_trax_uses_it():
   # Trax's decorators run while `import trax_qkv` imports Trax: none of
   # them may call the real inspect.stack().

@@ -3,6 +3,7 @@ report; the timed layouts are the ones tests/supervised/test_distributed.py
 proves equal."""
 
 import numpy as np
+import pytest
 from trax import layers as tl
 from trax import shapes
 
@@ -15,6 +16,7 @@ def test_gradient_bytes_count_every_float32_weight():
   assert distributed.gradient_bytes(weights) == 4 * ((2 * 3 + 3) + (3 * 5 + 5))
 
 
+@pytest.mark.slow
 def test_scaling_table_is_a_ring_all_reduce_of_the_readme_models():
   rows = {row['model']: row for row in distributed.scaling_table()}
   multi30k = rows['Multi30k (README recipe)']

@@ -15,6 +15,7 @@ from trax_qkv.benchmarks import kernels as kernel_bench
 from trax_qkv.benchmarks import timing
 
 
+@pytest.mark.slow
 def test_kernel_bench_measures_every_implementation(tmp_path):
   shape = (2, 16, 24, 16, 4)  # batch, Lq, Lk, d_model, heads
   command('bench_kernels').main(
@@ -135,6 +136,7 @@ def test_page_faults_per_call_averages_the_process_counters(monkeypatch):
   assert faults == 100 and kernel_seconds == pytest.approx(0.2)
 
 
+@pytest.mark.slow
 def test_kernel_bench_runs_without_trax_or_tensorflow(tmp_path):
   """`python3 -m _trax_qkv_cli bench_kernels` on a Python where importing
   trax or tensorflow fails: the kernels and their benchmark need JAX

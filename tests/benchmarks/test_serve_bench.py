@@ -16,6 +16,7 @@ from trax_qkv.benchmarks import serving  # noqa: E402
 MODEL = os.path.join(ROOT, 'tests', 'fixtures', 'release_0.2.0')
 
 
+@pytest.mark.slow
 def test_serve_bench_quick(tmp_path):
   sentences = tmp_path / 'sentences.txt'
   sentences.write_text(

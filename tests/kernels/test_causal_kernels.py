@@ -34,6 +34,7 @@ def _reference(q, k, v):
   return kernels.KERNELS['reference'].causal(q, k, v)
 
 
+@pytest.mark.slow
 @hypothesis.settings(max_examples=15, deadline=None)
 @hypothesis.given(
   rows=st.integers(1, 5),
@@ -73,6 +74,7 @@ def test_tiles_take_whole_rows_while_the_logits_fit():
   assert tiles(7, 300, 128, 100, 3) == (1, 128, 1)  # split must divide
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('block, split', [(8, 1), (8, 2), (128, 2)])
 def test_dropout_gradient_matches_forward_mode_derivative(block, split):
   """With dropout the hand-written backward agrees with JAX's forward-mode

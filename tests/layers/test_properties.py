@@ -6,6 +6,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 import jax
 import numpy as np
+import pytest
 from trax import layers as tl
 from trax import shapes
 
@@ -30,6 +31,7 @@ def attention_problems(draw):
   return n_heads, d_feature, dropout, mode, seed, (q, k, v, mask)
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None)
 @given(attention_problems())
 def test_plugin_equals_builtin(problem):
@@ -45,6 +47,7 @@ def test_plugin_equals_builtin(problem):
   )
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None)
 @given(attention_problems(), st.sampled_from(['fused', 'chunked', 'auto']))
 def test_fast_paths_match_builtin(problem, implementation):

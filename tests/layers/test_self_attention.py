@@ -111,6 +111,7 @@ def test_dot_product_causal_attention_identical_and_viz_state():
   assert np.all(np.triu(np.asarray(weights), k=1) == 0)
 
 
+@pytest.mark.slow
 @hypothesis.settings(max_examples=8, deadline=None)
 @hypothesis.given(
   batch=st.integers(1, 3),
@@ -164,6 +165,7 @@ def test_causal_attention_predict_cache_identical_and_equal_to_eval():
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('implementation', ['fused', 'chunked', 'auto'])
 def test_causal_fast_paths_close_to_reference(implementation):
   x = _x(2, 33, 16)
@@ -359,6 +361,7 @@ def test_gin_binds_each_site():
   assert _count_ours(model, 'PureAttention') == TRANSFORMER['n_encoder_layers']
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dropout', [0.0, 0.1])
 def test_transformer_lm_identical_with_plugin_in_every_site(dropout):
   tokens = np.random.RandomState(0).randint(1, 30, (2, 10)).astype(np.int32)
@@ -368,6 +371,7 @@ def test_transformer_lm_identical_with_plugin_in_every_site(dropout):
   _assert_pair_identical(builtin, ours, tokens, _loss)
 
 
+@pytest.mark.slow
 def test_transformer_identical_with_plugin_in_every_site():
   rs = np.random.RandomState(1)
   source = rs.randint(1, 30, (2, 9)).astype(np.int32)
@@ -416,6 +420,7 @@ MODELS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', list(MODELS))
 def test_checkpoints_load_both_ways(name):
   build, inputs = MODELS[name]
@@ -487,6 +492,7 @@ def test_decoding_sizes_the_plugin_causal_cache_too():
   assert caches and set(caches) == {8}
 
 
+@pytest.mark.slow
 def test_trax_own_transformer_tests_pass_with_plugin_in_every_site():
   suite = unittest.defaultTestLoader.loadTestsFromTestCase(
     trax_transformer_test.TransformerTest

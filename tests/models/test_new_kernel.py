@@ -57,6 +57,7 @@ def test_resolve_and_auto_take_the_record(toy):
     kernels.resolve('toy', seven)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('implementation', ['toy', 'auto'])
 def test_every_layer_runs_it(toy, implementation):
   x = qkv_inputs(lk=7)
@@ -106,6 +107,7 @@ def _transformer_outputs(mode='eval'):
   return model((src, src))
 
 
+@pytest.mark.slow
 def test_use_attention_runs_it_in_every_site(toy):
   expected = _transformer_outputs()
   with trax_qkv.use_attention(**dict.fromkeys(registry.SITES, 'toy')):

@@ -75,6 +75,7 @@ def _walk(layer):
     yield from _walk(sub)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mode,dropout', [('eval', 0.0), ('train', 0.2)])
 def test_logits_and_gradients_identical(mode, dropout):
   builtin, plugin = _models(mode, dropout)
@@ -122,6 +123,7 @@ def _eval_and_predict(cross_attention):
   return logits_eval, np.concatenate(steps, axis=1)
 
 
+@pytest.mark.slow
 def test_eval_matches_step_by_step_predict():
   logits_eval, logits_predict = _eval_and_predict('reference')
   np.testing.assert_allclose(logits_eval, logits_predict, rtol=1e-4, atol=1e-5)
@@ -134,6 +136,7 @@ def _trained_eval_weights():
   return model, src
 
 
+@pytest.mark.slow
 def test_greedy_decoding_identical():
   model, src = _trained_eval_weights()
   with tempfile.TemporaryDirectory() as tmp:
@@ -158,6 +161,7 @@ def test_greedy_decoding_identical():
     assert np.array_equal(decoded['trax'], decoded['reference'])
 
 
+@pytest.mark.slow
 def test_predict_model_sizes_decoder_caches_only_in_its_scope():
   model, src = _trained_eval_weights()
   sources = [row.tolist() for row in src]
@@ -184,6 +188,7 @@ def test_predict_model_sizes_decoder_caches_only_in_its_scope():
   assert decoded[0] == decoded[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'direction', ['builtin_to_plugin', 'plugin_to_builtin']
 )
@@ -214,6 +219,7 @@ def test_checkpoints_cross_load(direction, mode):
     assert_trees_equal(source(x), target(x))
 
 
+@pytest.mark.slow
 def test_loop_checkpoint_loads_into_plugin():
   """A checkpoint written by training.Loop for the built-in model."""
   from trax.supervised import training

@@ -141,6 +141,7 @@ def _sources(n, seed=0):
   ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'n_beams,alpha', [(1, 0.6), (1, 0.0), (2, 0.6), (4, 0.6), (3, 0.0)]
 )
@@ -190,6 +191,7 @@ def test_decodes_equal_the_python_loop(checkpoint, n_beams, alpha, monkeypatch):
   assert max(lengths) == max_length and min(lengths) < max_length
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('n_beams', [1, 3])
 def test_trax_and_reference_decode_alike(checkpoint, n_beams):
   path, _ = checkpoint
@@ -203,6 +205,7 @@ def test_trax_and_reference_decode_alike(checkpoint, n_beams):
   assert decoded[0] == decoded[1] == decoded[2]
 
 
+@pytest.mark.slow
 def test_beam_log_probs_are_the_models(checkpoint):
   """Teacher-force each hypothesis (+ EOS if it ended) in eval mode: the
   sum of its log-softmax is the search's score. Beams whose K/V caches
@@ -236,6 +239,7 @@ def test_batches_are_padded_to_few_lengths(monkeypatch):
   assert [length for _, length in plan] == [30, 24, 12, 8, 8, 8]
 
 
+@pytest.mark.slow
 def test_one_program_per_batch_shape(checkpoint, monkeypatch):
   """A program is compiled once for each (sentences, bucket, max_length)
   and then reused: decoding the same sources again compiles nothing."""
@@ -269,6 +273,7 @@ def _release_decodes(name):
     return f.read().splitlines()
 
 
+@pytest.mark.slow
 def test_translation_streams_in_order():
   """Lines are pulled a chunk at a time, and each chunk's translations
   come out, in input order, before the next chunk is read."""
@@ -292,6 +297,7 @@ def test_translation_streams_in_order():
   assert got == expected
 
 
+@pytest.mark.slow
 def test_translate_command_streams_stdin(monkeypatch, capsys):
   from trax_qkv.cli import translate
 

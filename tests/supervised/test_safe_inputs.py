@@ -657,6 +657,7 @@ def test_a_model_directory_of_release_0_2_0_translates_as_it_did(
   assert '--attention cross_attention=trax' in err
 
 
+@pytest.mark.slow
 def test_data_preparation_waits_for_the_data_dir_lock(tmp_path):
   """A second run sharing data_dir prepares nothing while another holds
   it (a real second process), and proceeds once it is free."""

@@ -148,6 +148,7 @@ def _post_all(server, bodies, threads=8):
     return list(pool.map(lambda b: server.post('/translate', b), bodies))
 
 
+@pytest.mark.slow
 def test_concurrent_requests_are_batched_and_answered_as_the_command(
   server, model_dir
 ):
@@ -190,6 +191,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 def test_bad_requests_are_4xx_and_the_load_goes_on(server, model_dir):
   load = _requests(seed=1)  # the shapes compiled above, for a steady load
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -211,6 +213,7 @@ def test_bad_requests_are_4xx_and_the_load_goes_on(server, model_dir):
   assert not any('Traceback' in line for line in server.log), server.log
 
 
+@pytest.mark.slow
 def test_attention_as_json_and_png(server, model_dir):
   status, answer = server.post(
     '/attention', {'sentence': 'one hundred and thirty-one'}
@@ -246,6 +249,7 @@ def _browser():
   return playwright.sync_playwright()
 
 
+@pytest.mark.slow
 def test_the_page_translates_and_draws_every_head(server, tmp_path):
   sentence = os.environ.get('TRAX_QKV_PAGE_SENTENCE', 'one hundred and two')
   with _browser() as p:
@@ -302,6 +306,7 @@ def test_serve_refuses_a_bad_model_dir_and_a_busy_port(
   assert f'cannot listen on 127.0.0.1:{port}' in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sigterm_answers_the_requests_in_flight_and_exits_0(server, model_dir):
   # Last in this module: it stops the module's server. A beam search of
   # its own alpha compiles first, so the requests are in flight.

@@ -44,6 +44,7 @@ def test_every_config_parses(config, implementation):
   assert gin.query_parameter('train.steps') > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('config', ['trax.gin', 'reference.gin'])
 def test_trains_and_resumes(tmp_path, config):
   out = tmp_path / 'run'
@@ -84,6 +85,7 @@ def test_trains_and_resumes(tmp_path, config):
   assert isinstance(greedy, str)
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_size(tmp_path, capsys):
   out = tmp_path / 'run'
 

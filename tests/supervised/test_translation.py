@@ -309,6 +309,7 @@ def test_attention_map_holds_the_viz_mode_weights(tiny_run, tmp_path):
   assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_held_output_dir_is_refused(tmp_path):
   """A real second process holds the directory; once it is killed the
   lock is free again (the kernel drops it)."""

@@ -114,6 +114,7 @@ def _copy(written, writer, tmp_path):
   return copy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('writer', ['trainer_lib', 'loop'])
 def test_every_file_loads_as_with_plain_pickle(written, writer):
   names = sorted(os.listdir(written[writer]))
@@ -163,6 +164,7 @@ def _trainer(output_dir):
   )
 
 
+@pytest.mark.slow
 def test_trainer_lib_restores_its_checkpoint(written, tmp_path):
   restored = []
   for name, reading in READINGS:
@@ -209,6 +211,7 @@ def test_loop_and_our_resume_restore_it(written, writer, loop_class, tmp_path):
     assert_trees_equal(safe.model.weights, trainer.model_weights)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('implementation', ['reference', 'auto'])
 def test_our_layers_in_every_site_decode_the_trainer_lib_checkpoint(
   written, implementation
