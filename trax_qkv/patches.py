@@ -22,7 +22,9 @@ metadata requires (setup.cfg); with others `apply()` warns.
    a sharding over the leading axis, which is what `pmap` reads.
 3. `trax.layers.acceleration.on_cpu`: Trax moves optimizer slots `on_cpu`,
    which now collapses such a sharded array onto CPU device 0 and `pmap`
-   rejects it; an array already in CPU memory is left where it is.
+   rejects it; an array already in CPU memory is left where it is, and on
+   a CPU backend restored (numpy) slots are placed as fresh ones are, so
+   a resumed run's training step is the program it compiled before.
 4. `pickle` in `trax.supervised.training`, `trax.layers.base`,
    `trax.data.inputs` and `trax.rl.training`, and `trax.layers.np_from_file`:
    every checkpoint, weight, optimizer-slot, data-counter and RL file Trax
@@ -59,6 +61,7 @@ import pickle
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from trax import fastmath
 import trax.data
@@ -129,13 +132,22 @@ def replicate(x, devices):
 
 
 def _on_cpu(x):
-  """Puts `x` in CPU memory; arrays already there keep their sharding."""
+  """Puts `x` in CPU memory; arrays already there keep their sharding.
+
+  Where the default device is a CPU, a host (numpy) leaf becomes an
+  uncommitted array there, as the slots of a fresh Trainer are: slots
+  restored from a checkpoint committed to CPU 0 would lower the training
+  step to another program, compiled again on every resume.
+  """
+  host_is_default = jax.default_backend() == 'cpu'
 
   def move(leaf):
     if isinstance(leaf, jax.Array) and all(
       d.platform == 'cpu' for d in leaf.devices()
     ):
       return leaf
+    if host_is_default and isinstance(leaf, np.ndarray):
+      return jnp.asarray(leaf)
     return _original_on_cpu(leaf)
 
   return fastmath.nested_map(move, x)

@@ -259,6 +259,35 @@ def test_nan_loss_stops_at_its_step_and_keeps_the_last_good_checkpoint(
   assert all(np.all(np.isfinite(w)) for w in _weights(restarted))
 
 
+def _next_step_program(loop):
+  """Runs one step of `loop`; the text of the program it ran."""
+  trainer = loop._trainer_per_task[0]
+  update = trainer._accelerated_update_fn
+  programs = []
+
+  def recorded(*args):
+    programs.append(update.lower(*args).as_text())
+    return update(*args)
+
+  trainer._accelerated_update_fn = recorded
+  try:
+    loop.run(1)
+  finally:
+    trainer._accelerated_update_fn = update
+  return programs[0]
+
+
+def test_a_resumed_run_trains_with_the_program_it_compiled(tmp_path):
+  """Restored weights and optimizer slots are placed as a fresh run's
+  are, so a resumed run's training step is the same program, read from
+  the compilation cache instead of compiled again (trax_qkv.patches,
+  patch 3)."""
+  first = _next_step_program(_tiny_loop(tmp_path))
+  restarted = _tiny_loop(tmp_path)
+  assert restarted.step == 1
+  assert _next_step_program(restarted) == first
+
+
 def test_training_reports_progress_between_evals(tmp_path):
   loop = _tiny_loop(tmp_path)
   lines = []
