@@ -137,7 +137,7 @@ def _on_cpu(x):
   Where the default device is a CPU, a host (numpy) leaf becomes an
   uncommitted array there, as the slots of a fresh Trainer are: slots
   restored from a checkpoint committed to CPU 0 would lower the training
-  step to another program, compiled again on every resume.
+  step to another program, which a resumed run would compile again.
   """
   host_is_default = jax.default_backend() == 'cpu'
 

@@ -278,10 +278,10 @@ def _next_step_program(loop):
 
 
 def test_a_resumed_run_trains_with_the_program_it_compiled(tmp_path):
-  """Restored weights and optimizer slots are placed as a fresh run's
-  are, so a resumed run's training step is the same program, read from
-  the compilation cache instead of compiled again (trax_qkv.patches,
-  patch 3)."""
+  """Restored optimizer slots are placed as a fresh run's are, so a
+  resumed run's training step is the same program, read from the
+  compilation cache instead of compiled again (trax_qkv.patches, patch
+  3)."""
   first = _next_step_program(_tiny_loop(tmp_path))
   restarted = _tiny_loop(tmp_path)
   assert restarted.step == 1
