@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from trax_qkv.supervised.progress import Progress
+from trax_qkv.validation import environment
 from trax_qkv.validation import report
 
 
@@ -66,3 +67,45 @@ def test_progress_logs_lines_when_not_on_a_terminal():
   assert len(lines) == 10
   assert lines[0].startswith('decoding: 2/20 (') and 'loss 1.5' in lines[0]
   assert lines[-1].startswith('decoding: 20/20 (')
+
+
+def test_environment_names_this_process_stack_and_cpu():
+  import platform
+
+  import jax
+
+  e = environment.describe()
+  assert e['python'] == platform.python_version()
+  assert (e['jax'], e['backend']) == (jax.__version__, jax.default_backend())
+  assert e['trax'] == '1.4.1'
+  assert e['cpu']
+  assert e['cpu_vector_flags'] == sorted(e['cpu_vector_flags'])
+  assert all(
+    f.startswith(('sse4', 'avx', 'fma', 'amx')) for f in e['cpu_vector_flags']
+  )
+
+
+def test_report_says_what_the_run_ran_on():
+  e = {
+    'python': '3.13.0',
+    'trax_qkv': '0.4.0',
+    'trax': '1.4.1',
+    'jax': '0.12.0.1',
+    'jaxlib': '0.12.0.1',
+    'tensorflow': '2.21.0',
+    'numpy': '2.5.5',
+    'backend': 'cpu',
+    'device': 'cpu',
+    'cpu': 'Intel(R) Xeon(R) Processor',
+    'cpu_vector_flags': ['avx', 'avx2', 'avx512f', 'fma', 'sse4_2'],
+    'xla_flags': '',
+  }
+  line = (
+    'Python 3.13.0, trax 1.4.1, jax 0.12.0.1 (jaxlib 0.12.0.1), tensorflow '
+    '2.21.0, numpy 2.5.5, trax_qkv 0.4.0; cpu cpu, CPU Intel(R) Xeon(R) '
+    'Processor (AVX-512).'
+  )
+  assert environment.one_line(e) == line
+  assert environment.one_line(
+    dict(e, cpu_vector_flags=['avx2'], xla_flags='--xla_cpu_max_isa=AVX2')
+  ).endswith('Processor (AVX2); XLA_FLAGS `--xla_cpu_max_isa=AVX2`.')

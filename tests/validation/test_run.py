@@ -6,6 +6,7 @@ import json
 from helpers import command
 from helpers import shared_data_dir
 from helpers import tiny_validation_config
+import jax
 import pytest
 
 from trax_qkv.supervised import scoring
@@ -135,6 +136,8 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
       assert key in summary[label]
   assert summary['trax']['final_loss'] == summary['reference']['final_loss']
   assert 'Max |difference|' in (out / 'report.md').read_text()
+  assert summary['environment']['jax'] == jax.__version__
+  assert 'Ran on Python ' in (out / 'report.md').read_text()
   # The same output_dir with another model size: refused, nothing touched.
   before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
   with pytest.raises(ValueError, match=r'other settings \(d_model 32 -> 64\)'):

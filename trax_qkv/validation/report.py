@@ -10,6 +10,7 @@ import numpy as np
 
 from trax_qkv import files
 from trax_qkv.models.registry import SITES
+from trax_qkv.validation import environment
 
 
 def _pyplot():
@@ -171,6 +172,11 @@ def render_report(summary, labels):
     f'{summary["seed"]}. All models see the same batches in the same '
     'order and start from the same weights.',
     '',
+  ]
+  # Older summaries lack it.
+  if 'environment' in summary:
+    lines += ['Ran on ' + environment.one_line(summary['environment']), '']
+  lines += [
     '| metric | ' + ' | '.join(labels) + ' |',
     '|---|' + '---|' * len(labels),
   ]

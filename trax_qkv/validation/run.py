@@ -33,6 +33,7 @@ from trax_qkv.supervised import model_dir
 from trax_qkv.supervised import scoring
 from trax_qkv.supervised import training as training_lib
 from trax_qkv.validation import config as config_lib
+from trax_qkv.validation import environment
 from trax_qkv.validation import report
 
 STEP_LOSS = 'metrics/step_loss'  # history entry: every step's training loss
@@ -406,8 +407,9 @@ def draw_attention_maps(
 
 def write_summary(config, corpus, results, histories, decodes, output_dir):
   """Writes summary.json, report.md and loss_curves.png; returns the
-  summary. The first two models are compared: largest per-step loss
-  difference and share of identical greedy decodes."""
+  summary, with the stack and CPU it ran on. The first two models are
+  compared: largest per-step loss difference and share of identical
+  greedy decodes."""
   names = list(histories)
   summary = dict(
     dataset=corpus.data.name,
@@ -417,6 +419,7 @@ def write_summary(config, corpus, results, histories, decodes, output_dir):
     seed=config.seed,
     test_sentences=len(corpus.references),
     config=dataclasses.asdict(config),
+    environment=environment.describe(),
     **results,
   )
   if len(names) >= 2:
