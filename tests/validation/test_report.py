@@ -102,10 +102,12 @@ def test_report_says_what_the_run_ran_on():
   }
   line = (
     'Python 3.13.0, trax 1.4.1, jax 0.12.0.1 (jaxlib 0.12.0.1), tensorflow '
-    '2.21.0, numpy 2.5.5, trax_qkv 0.4.0; cpu cpu, CPU Intel(R) Xeon(R) '
-    'Processor (AVX-512).'
+    '2.21.0, numpy 2.5.5, trax_qkv 0.4.0; CPU Intel(R) Xeon(R) Processor '
+    '(AVX-512).'
   )
   assert environment.one_line(e) == line
+  on_gpu = dict(e, backend='gpu', device='NVIDIA H100 80GB HBM3')
+  assert '; NVIDIA H100 80GB HBM3, CPU Intel' in environment.one_line(on_gpu)
   assert environment.one_line(
     dict(e, cpu_vector_flags=['avx2'], xla_flags='--xla_cpu_max_isa=AVX2')
   ).endswith('Processor (AVX2); XLA_FLAGS `--xla_cpu_max_isa=AVX2`.')

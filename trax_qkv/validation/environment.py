@@ -47,10 +47,12 @@ def one_line(environment):
     None,
   )
   cpu = e['cpu'] + (f' ({widest})' if widest else '')
+  # On a CPU backend the device is the CPU itself.
+  device = '' if e['device'] == e['backend'] else f'{e["device"]}, '
   line = (
     f'Python {e["python"]}, trax {e["trax"]}, jax {e["jax"]} (jaxlib '
     f'{e["jaxlib"]}), tensorflow {e["tensorflow"]}, numpy {e["numpy"]}, '
-    f'trax_qkv {e["trax_qkv"]}; {e["backend"]} {e["device"]}, CPU {cpu}'
+    f'trax_qkv {e["trax_qkv"]}; {device}CPU {cpu}'
   )
   if e['xla_flags']:
     line += f'; XLA_FLAGS `{e["xla_flags"]}`'
