@@ -41,6 +41,23 @@ def test_numbers_builder_prepares_offline(tfds_dir):
   assert sorted(test) == sorted(expected)
 
 
+def test_preparing_keeps_tfds_messages_back(tmp_path, capfd):
+  """TFDS's progress bars, 'Downloading and preparing dataset' (nothing is
+  downloaded) and its new-folder warning stay out of a command's output."""
+  data.translation_data(
+    'trax_qkv_numbers/tiny', data_dir=str(tmp_path), vocab_size=200
+  )
+  printed = ''.join(capfd.readouterr())
+  tfds_says = (
+    'Downloading',
+    'Generating',
+    'Shuffling',
+    'prepared',
+    'dataset_info',
+  )
+  assert not [said for said in tfds_says if said in printed], printed
+
+
 def test_pipeline_yields_transformer_batches(tfds_dir):
   spec = data.translation_data(
     'trax_qkv_numbers/tiny', data_dir=tfds_dir, vocab_size=200

@@ -6,8 +6,12 @@ vocabularies live on gs:// and are never fetched.
 """
 
 import collections
+import contextlib
+import io
+import logging
 import os
 import re
+import sys
 
 import gin
 import numpy as np
@@ -102,6 +106,7 @@ def prepare_translation_data(
   data_dir = os.path.expanduser(data_dir or DEFAULT_DATA_DIR)
   with files.locked(data_dir, DATA_LOCK_FILE):
     check_dataset(name, data_dir)
+    prepare_dataset(name, data_dir)
     vocab_dir, vocab_file = build_vocab(name, keys, vocab_size, data_dir)
   return TranslationData(name, keys, data_dir, vocab_dir, vocab_file)
 
@@ -147,6 +152,32 @@ def check_dataset(name, data_dir=None):
       'a TFDS name such as trax_qkv_numbers, or --source_dir for a '
       'directory of parallel text.'
     ) from None
+
+
+def prepare_dataset(name, data_dir=None):
+  """Prepares the TFDS data set `name` in `data_dir`, once.
+
+  TFDS prints progress bars and "Downloading and preparing dataset" (our
+  builders download nothing) to stdout and stderr, and logs a warning for
+  a new folder; our commands say what they prepare in a line of their
+  own. Those messages are held back, and written to stderr only if
+  preparing fails.
+  """
+  held = io.StringIO()
+  absl_logger = logging.getLogger('absl')
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    builder = tfds.builder(name, data_dir=data_dir or DEFAULT_DATA_DIR)
+    if builder.is_prepared():
+      return
+    with contextlib.redirect_stdout(held), contextlib.redirect_stderr(held):
+      builder.download_and_prepare()
+  except BaseException:
+    sys.stderr.write(held.getvalue())
+    raise
+  finally:
+    absl_logger.setLevel(level)
 
 
 @gin.configurable(module='trax_qkv.data')
