@@ -4,7 +4,6 @@ flag's default and help is written once, here or in the config it fills."""
 
 import argparse
 import hashlib
-import importlib.metadata
 import sys
 
 import _trax_qkv_launcher as launcher
@@ -200,6 +199,7 @@ def fingerprint(args, exclude=(), files=()):
   the process flags, the contents (sha256) of `files`, and the versions
   of trax_qkv, trax and jax."""
   from trax_qkv.supervised import distributed
+  from trax_qkv.validation import environment
 
   skip = {'verbose', 'compilation_cache', *exclude, *distributed.PROCESS_FLAGS}
   settings = {
@@ -212,8 +212,5 @@ def fingerprint(args, exclude=(), files=()):
     except OSError:
       settings[f'sha256 of {path}'] = None  # reported when the job reads it
   for package in ('trax_qkv', 'trax', 'jax'):
-    try:
-      settings[f'{package} version'] = importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-      settings[f'{package} version'] = None
+    settings[f'{package} version'] = environment.package_version(package)
   return settings

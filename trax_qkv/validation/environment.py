@@ -26,7 +26,7 @@ def describe():
   model, flags = _cpu()
   return {
     'python': platform.python_version(),
-    **{name: _version(name) for name in PACKAGES},
+    **{name: package_version(name) for name in PACKAGES},
     'backend': jax.default_backend(),
     'device': jax.devices()[0].device_kind,
     'cpu': model,
@@ -59,7 +59,9 @@ def one_line(environment):
   return line + '.'
 
 
-def _version(name):
+def package_version(name):
+  """The installed version of package `name`; None where it is not
+  installed (trax_qkv run from a checkout)."""
   try:
     return importlib.metadata.version(name)
   except importlib.metadata.PackageNotFoundError:
