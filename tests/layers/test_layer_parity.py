@@ -146,11 +146,16 @@ def test_sparsity_options_identical(q_sparsity, result_sparsity):
   )
 
 
-def test_predict_with_kv_cache_matches_eval_and_reuses_cache():
+@pytest.mark.parametrize('implementation', ['reference', 'auto'])
+def test_predict_with_kv_cache_matches_eval_and_reuses_cache(implementation):
   n_heads, d, x = _case('padding')
   q, k, v, mask = x
   layer = trax_qkv.AttentionQKV(
-    d, n_heads=n_heads, mode='predict', cache_KV_in_predict=True
+    d,
+    n_heads=n_heads,
+    mode='predict',
+    cache_KV_in_predict=True,
+    implementation=implementation,
   )
   builtin = tl.AttentionQKV(
     d, n_heads=n_heads, mode='predict', cache_KV_in_predict=True
@@ -181,8 +186,11 @@ def test_predict_with_kv_cache_matches_eval_and_reuses_cache():
     np.testing.assert_allclose(
       y[0][:, 0], full[:, position], rtol=1e-5, atol=1e-6
     )
-  # The built-in's state, and the attention's own: the cached K and V split
-  # into heads, the keys transposed (`CachedKVPureAttention`).
+  if implementation == 'reference':  # Trax's state tree, leaf for leaf
+    assert_trees_equal(builtin_state, state)
+    return
+  # Elsewhere the attention keeps the cached K and V split into heads, the
+  # keys transposed (`CachedKVPureAttention`), beside the built-in's state.
   parallel, heads, output = state[1]
   assert_trees_equal(
     builtin_state, (state[0], (parallel, (), output), state[2])

@@ -88,7 +88,8 @@ class PureAttention(kernel_layer.KernelLayer):
 
 class CachedKVPureAttention(PureAttention):
   """`PureAttention` after the cached K and V projections of
-  `AttentionQKV(cache_KV_in_predict=True)` in 'predict' mode.
+  `AttentionQKV(cache_KV_in_predict=True)` in 'predict' mode, for every
+  implementation but 'reference' (which keeps Trax's state tree).
 
   There K and V are the same in every call (the encoder output, projected
   once), so where an exact kernel runs (`Kernel.exact`) their heads are
@@ -97,8 +98,9 @@ class CachedKVPureAttention(PureAttention):
   state: every later decoding step skips two transposes of the whole
   (batch, heads, Lk, d_head) K and V (docs/decoding.md). The product is
   the reference's, of the same operands, so the outputs stay the built-in's
-  bit for bit. Like Trax's `Cache`, the layer changes the structure of its
-  state in the first call: () -> (keys transposed, values).
+  bit for bit; the state does not: like Trax's `Cache`, the layer changes
+  the structure of its state in the first call, () -> (keys transposed,
+  values), where Trax's attention keeps ().
   """
 
   def forward(self, inputs):
@@ -303,7 +305,11 @@ def AttentionQKV(
   )
   attention = (KeyBlockProjectedAttention if fusable else cb.Serial)(
     cb.Parallel(_Projection(q_sparsity), _KVProjection(), _KVProjection()),
-    (CachedKVPureAttention if cached_kv else PureAttention)(
+    (
+      CachedKVPureAttention
+      if cached_kv and implementation != 'reference'
+      else PureAttention
+    )(
       n_heads=n_heads, dropout=dropout, mode=mode, implementation=implementation
     ),
     _Projection(result_sparsity),
