@@ -21,6 +21,23 @@ from trax.models import transformer as trax_transformer
 import trax_qkv
 from trax_qkv import import_patches
 from trax_qkv import patches
+from trax_qkv.models import registry
+
+
+def _routed():
+  """Patch 8's changes: each routed module's tl, each patched default."""
+  views = {name: sys.modules[name].tl for name in _ROUTED_MODULES}
+  defaults = [
+    importlib.import_module(module).__dict__[function].__defaults__
+    for site in registry.SITES.values()
+    for module, function, _ in site.defaults
+  ]
+  return views, defaults
+
+
+_ROUTED_MODULES = sorted(
+  {m for site in registry.SITES.values() for m in site.modules}
+)
 
 
 def test_applied_on_import_and_idempotent():
@@ -28,20 +45,53 @@ def test_applied_on_import_and_idempotent():
     fastmath.tree_unflatten,
     trax.layers.for_n_devices,
     trax.layers.on_cpu,
-    trax_transformer.tl,
+    _routed(),
   )
   assert fastmath.tree_unflatten is patches._tree_unflatten
   assert trax_transformer.tl.AttentionQKV is trax_qkv.EncoderDecoderAttention
   assert trax_transformer.tl.Dense is trax.layers.Dense  # the rest is trax's
+  assert set(_ROUTED_MODULES) == {
+    'trax.models.transformer',
+    'trax.models.rnn',
+    'trax.models.research.rezero',
+    'trax.models.research.configurable_transformer',
+  }
   with warnings.catch_warnings():
     warnings.simplefilter('error')
     patches.apply()
+    assert patches._route_attention() == []  # again: nothing left to do
   assert (
     fastmath.tree_unflatten,
     trax.layers.for_n_devices,
     trax.layers.on_cpu,
-    trax_transformer.tl,
+    _routed(),
   ) == patched
+
+
+def test_attention_routing_is_guarded_by_trax_code(monkeypatch):
+  """A module that no longer calls a site's layer, or a default that no
+  longer holds it, is left as it is, and said so."""
+  from trax.models import rnn
+  from trax.models.research import transformer2
+
+  monkeypatch.setattr(rnn, 'tl', trax.layers)
+  monkeypatch.setattr(rnn, 'LSTMSeq2SeqAttn', lambda: trax.layers.Dense(1))
+  defaults = transformer2.Transformer2.__defaults__
+  index = list(inspect.signature(transformer2.Transformer2).parameters).index(
+    'encoder_attention_type'
+  ) - (transformer2.Transformer2.__code__.co_argcount - len(defaults))
+  monkeypatch.setattr(
+    transformer2.Transformer2,
+    '__defaults__',
+    defaults[:index] + (trax.layers.Dense,) + defaults[index + 1 :],
+  )
+  skipped = patches._route_attention()
+  assert skipped == [
+    "trax.models.rnn (its tl or its calls of ['AttentionQKV'] changed)",
+    'trax.models.research.transformer2.Transformer2(encoder_attention_type=)'
+    ' (not trax.layers.Attention)',
+  ]
+  assert rnn.tl is trax.layers
 
 
 def test_installed_versions_are_the_tested_ones():

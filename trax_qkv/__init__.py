@@ -46,7 +46,6 @@ else:
   from trax_qkv.layers import CausalAttention
   from trax_qkv.layers import DotProductCausalAttention
   from trax_qkv.layers import PureAttention
-  from trax_qkv.models import registry as _registry
   from trax_qkv.models.registry import DecoderSelfAttention
   from trax_qkv.models.registry import EncoderDecoderAttention
   from trax_qkv.models.registry import EncoderSelfAttention
@@ -55,7 +54,6 @@ else:
   from trax_qkv.models.registry import use_attention
 
   patches.apply()
-  _registry.install()
 
 
 def __getattr__(name):

@@ -5,11 +5,11 @@ nothing). None of these changes numerics or a model: the first three fix
 crashes of trax 1.4.1 on current JAX, the fourth keeps checkpoint files
 from running code, the fifth lets `training.Loop` restore what Trax's
 older trainer wrote, the sixth cuts most of the time importing Trax
-takes, the seventh most of the time building a model takes. They are
-written for the trax and jax versions that trax_qkv's own package
-metadata requires (setup.cfg); with others `apply()` warns.
-(Making trax.models' attention selectable is not a fix to Trax:
-`models.registry.install` does it, beside the sites.)
+takes, the seventh most of the time building a model takes, and the
+eighth makes trax.models' attention selectable, building Trax's own
+layers until a user chooses. They are written for the trax and jax
+versions that trax_qkv's own package metadata requires (setup.cfg); with
+others `apply()` warns.
 
 1. `trax.fastmath.numpy.tree_unflatten`: resuming `training.Loop` from a
    checkpoint crashed: it tests `tree in copy_from_tree` (markers such as
@@ -52,12 +52,28 @@ metadata requires (setup.cfg); with others `apply()` warns.
    `init`). A plain Serial's outputs from its own `init` are used when its
    inputs are the same; every other layer is traced as before, so the
    weights, state and errors are Trax's (tests/test_patches.py).
+8. `tl` in the modules of trax.models that build attention, and the
+   default arguments that hold an attention layer: each module listed in
+   a site's record (`models.registry.SITES`: transformer, rnn, rezero,
+   configurable_transformer) sees `trax.layers` through a
+   `registry.LayersView`, where the site's name is its dispatcher and
+   every other name is `trax.layers`'s, looked up when used; each default
+   bound to the site's layer when Trax was imported
+   (configurable_transformer's and transformer2's `attention_type=`) is a
+   `registry.BoundDefault` of it. With nothing chosen a dispatcher builds
+   what Trax would (`trax.layers`' layer now, or the default Trax bound),
+   so no model changes until `use_attention` or gin chooses. Guarded by
+   Trax's code: a module whose functions no longer call the name, or a
+   default that no longer holds the layer, is left as it is, with a
+   warning.
 """
 
 import contextlib
 import importlib
 import importlib.metadata
+import inspect
 import pickle
+import types
 import warnings
 
 import jax
@@ -79,6 +95,7 @@ from trax_qkv import import_patches
 from trax_qkv.import_patches import PATCHED_PACKAGES  # noqa: F401
 from trax_qkv.import_patches import required_versions
 from trax_qkv.import_patches import untested_versions
+from trax_qkv.models import registry
 
 # The module itself: `trax.fastmath.numpy` as an attribute is the backend's
 # numpy (jax.numpy), not this file.
@@ -192,8 +209,73 @@ def _serial_init_weights_and_state(self, input_signature):
   )
 
 
+def _names_called(module):
+  """Every attribute or global name the functions of `module` use."""
+
+  def names(code):
+    found = set(code.co_names)
+    for const in code.co_consts:
+      if isinstance(const, types.CodeType):
+        found |= names(const)
+    return found
+
+  return set().union(
+    *(
+      names(value.__code__)
+      for value in vars(module).values()
+      if inspect.isfunction(value) and value.__module__ == module.__name__
+    )
+  )
+
+
+def _route_attention():
+  """Patch 8: trax.models builds each site's layer through its dispatcher.
+
+  Returns what could not be routed, in words ([] when all was)."""
+  skipped = []
+  for name in sorted(
+    {m for site in registry.SITES.values() for m in site.modules}
+  ):
+    module = importlib.import_module(name)
+    view = registry.LayersView(name)
+    tl = getattr(module, 'tl', None)
+    missing = [n for n in view.sites if n not in _names_called(module)]
+    if isinstance(tl, registry.LayersView):
+      continue
+    if tl is not trax.layers or missing:
+      skipped.append(f'{name} (its tl or its calls of {missing} changed)')
+      continue
+    module.tl = view
+  for site in registry.SITES.values():
+    for module_name, function, parameter in site.defaults:
+      where = f'{module_name}.{function}({parameter}=)'
+      fn = getattr(importlib.import_module(module_name), function, None)
+      defaults = getattr(fn, '__defaults__', None) or ()
+      names = list(inspect.signature(fn).parameters) if fn else []
+      index = (
+        names.index(parameter) - (len(names) - len(defaults))
+        if parameter in names
+        else -1
+      )
+      if not 0 <= index < len(defaults):
+        skipped.append(f'{where} (no such default)')
+        continue
+      bound = defaults[index]
+      if isinstance(bound, registry.BoundDefault):
+        continue
+      if bound is not getattr(trax.layers, site.trax_name):
+        skipped.append(f'{where} (not trax.layers.{site.trax_name})')
+        continue
+      fn.__defaults__ = (
+        defaults[:index]
+        + (registry.BoundDefault(site.name, bound),)
+        + defaults[index + 1 :]
+      )
+  return skipped
+
+
 def apply():
-  """Applies patches 1-7 (see the module doc); idempotent."""
+  """Applies patches 1-8 (see the module doc); idempotent."""
   global _applied
   if _applied:
     return
@@ -226,6 +308,14 @@ def apply():
     _serial_init_weights_and_state
   )
   import_patches.install()  # if Trax was imported before trax_qkv
+  skipped = _route_attention()
+  if skipped:
+    warnings.warn(
+      'trax_qkv cannot select the attention of these parts of trax.models, '
+      f"which keep Trax's own layers: {'; '.join(skipped)}.",
+      UntestedVersionWarning,
+      stacklevel=2,
+    )
   _applied = True
 
 

@@ -4,7 +4,6 @@ trax.models' Transformer family switched by `use_attention`."""
 
 import os
 import tempfile
-import unittest
 
 import gin
 from helpers import TINY_LM
@@ -18,7 +17,6 @@ import pytest
 import trax
 from trax import layers as tl
 from trax import shapes
-from trax.models import transformer_test as trax_transformer_test
 
 import trax_qkv
 
@@ -490,17 +488,3 @@ def test_decoding_sizes_the_plugin_causal_cache_too():
     if np.ndim(x) == 3 and x.shape[0] == 2 * TRANSFORMER['n_heads']
   ]
   assert caches and set(caches) == {8}
-
-
-@pytest.mark.slow
-def test_trax_own_transformer_tests_pass_with_plugin_in_every_site():
-  suite = unittest.defaultTestLoader.loadTestsFromTestCase(
-    trax_transformer_test.TransformerTest
-  )
-  result = unittest.TestResult()
-  with trax_qkv.use_attention(**EVERY_SITE):
-    suite.run(result)
-  assert result.testsRun >= 3
-  assert not result.failures and not result.errors, (
-    result.failures + result.errors
-  )

@@ -1,21 +1,19 @@
-"""Which attention the layers of trax.models' Transformer family use.
+"""Which attention the attention layers of trax.models use.
 
-trax.models.transformer builds its attention layers by calling, when the
-model is built, one of three names of `trax.layers` -- one per site:
+trax.models builds attention in three sites, each Trax's layer of one
+`trax.layers` name, called when a model is built or bound as a default
+argument when Trax is imported:
 
   site               tl name          dispatcher (gin)         used by
   'self_attention'   Attention        EncoderSelfAttention     encoders
   'causal_attention' CausalAttention  DecoderSelfAttention     decoders, LMs
-  'cross_attention'  AttentionQKV     EncoderDecoderAttention  Transformer
+  'cross_attention'  AttentionQKV     EncoderDecoderAttention  encoder-decoder
 
-(encoders: Transformer, TransformerEncoder; decoders: Transformer,
-TransformerDecoder, TransformerLM; cross-attention: Transformer's
-encoder-decoder attention.)
-
-`install()` (run when trax_qkv is imported) makes those names the
-gin-configurable dispatchers above, in that module only; their default,
-'trax', returns the built-in layer unchanged. So importing trax_qkv
-changes no model.
+Each `Site` record says which modules of trax.models call its name and
+which functions take it as a default argument (`Site.modules`,
+`Site.defaults`); patch 8 of `trax_qkv.patches` routes all of them
+through the site's dispatcher, whose default, 'trax', builds the layer
+Trax would have built. So importing trax_qkv changes no model.
 
 Every site takes 'trax' for the built-in, every kernel name of
 `trax_qkv.kernels.names()` ('reference' -- bit-identical --, 'fused',
@@ -39,9 +37,7 @@ import functools
 import types
 
 import gin
-from trax import layers as tl
 import trax.layers
-from trax.models import transformer as trax_transformer
 
 from trax_qkv import kernels
 from trax_qkv import layers
@@ -49,31 +45,49 @@ from trax_qkv import layers
 BUILTIN = 'trax'  # the name of Trax's own layer, in every site
 
 
+# The modules of trax.models that build attention, by their short names.
+_TRANSFORMER = 'trax.models.transformer'
+_RNN = 'trax.models.rnn'
+_REZERO = 'trax.models.research.rezero'
+_CONFIGURABLE = 'trax.models.research.configurable_transformer'
+_TRANSFORMER2 = 'trax.models.research.transformer2'
+
+
 @dataclasses.dataclass(frozen=True)
 class Site:
-  """One place where trax.models' Transformer family builds attention.
+  """One place where trax.models builds attention.
 
   Everything per site derives from these records: the registry, the gin
-  dispatchers, the view of `trax.layers` that trax.models.transformer gets
-  (`layers_with_dispatchers`), training's saved settings, model
-  directories and the benchmarks. A new site is one more record.
+  dispatchers, what patch 8 routes through them, training's saved
+  settings, model directories and the benchmarks. A new site is one more
+  record.
 
   Attributes:
     name: the site's name in `use_attention`, `register_attention`,
       model.json and `--sites`.
-    trax_name: the `trax.layers` name trax.models.transformer calls there.
-    builtin: Trax's layer (registered as BUILTIN).
+    trax_name: the `trax.layers` name Trax's models build there.
     ours: trax_qkv's drop-in, registered under every kernel name.
     dispatcher: the gin name (module `trax_qkv`) of the site's dispatcher.
     role: what the site is, in words.
+    modules: the modules of trax.models that call `tl.<trax_name>` while
+      building a model.
+    defaults: (module, function, parameter) of the trax.models functions
+      whose parameter defaults to the layer, bound when Trax is imported.
   """
 
   name: str
   trax_name: str
-  builtin: object
   ours: object
   dispatcher: str
   role: str
+  modules: tuple
+  defaults: tuple = ()
+
+  @property
+  def builtin(self):
+    """Trax's layer, as `trax.layers` holds it now (a user's replacement
+    of it included, as trax.models itself would call it)."""
+    return getattr(trax.layers, self.trax_name)
 
 
 SITES = {
@@ -82,30 +96,45 @@ SITES = {
     Site(
       'self_attention',
       'Attention',
-      tl.Attention,
       layers.Attention,
       'EncoderSelfAttention',
       'encoder self-attention',
+      modules=(_TRANSFORMER, _REZERO),
+      defaults=(
+        (_CONFIGURABLE, 'ConfigurableTransformerEncoder', 'attention_type'),
+        (_CONFIGURABLE, 'ConfigurableTransformer', 'encoder_attention_type'),
+        (_TRANSFORMER2, 'Transformer2', 'encoder_attention_type'),
+      ),
     ),
     Site(
       'causal_attention',
       'CausalAttention',
-      tl.CausalAttention,
       layers.CausalAttention,
       'DecoderSelfAttention',
       'decoder causal self-attention',
+      modules=(_TRANSFORMER, _REZERO),
+      defaults=(
+        (_CONFIGURABLE, 'ConfigurableTransformerLM', 'attention_type'),
+        # Trax's name for the decoder's causal self-attention there.
+        (
+          _CONFIGURABLE,
+          'ConfigurableTransformer',
+          'encoder_decoder_attention_type',
+        ),
+        (_TRANSFORMER2, 'Transformer2', 'decoder_attention_type'),
+      ),
     ),
     Site(
       'cross_attention',
       'AttentionQKV',
-      tl.AttentionQKV,
       layers.AttentionQKV,
       'EncoderDecoderAttention',
       'encoder-decoder (cross-) attention',
+      modules=(_TRANSFORMER, _RNN, _REZERO, _CONFIGURABLE),
     ),
   )
 }
-_REGISTRY = {site: {BUILTIN: SITES[site].builtin} for site in SITES}
+_REGISTRY = {site: {} for site in SITES}
 _overrides = {
   site: contextvars.ContextVar(f'trax_qkv_{site}', default=None)
   for site in SITES
@@ -133,6 +162,10 @@ def register_attention(site, name, factory):
   check_site(site)
   if not isinstance(name, str) or not name:
     raise TypeError(f'name must be a non-empty str; got {name!r}.')
+  if name == BUILTIN:
+    raise ValueError(
+      f"name must not be {BUILTIN!r}, which is Trax's own layer; got {name!r}."
+    )
   if not callable(factory):
     raise TypeError(f'factory for {name!r} must be callable; got {factory!r}.')
   _REGISTRY[site][name] = factory
@@ -141,7 +174,7 @@ def register_attention(site, name, factory):
 def attention_implementations(site):
   """Names that `site` accepts: 'trax', the kernels, registered ones."""
   check_site(site)
-  return tuple(sorted(set(_REGISTRY[site]) | set(kernels.names())))
+  return tuple(sorted({BUILTIN, *_REGISTRY[site], *kernels.names()}))
 
 
 def rename(old, new, warn):
@@ -180,6 +213,9 @@ def resolve_attention(site, implementation):
   if callable(implementation):
     return implementation
   implementation = canonical_name(implementation)
+  if implementation == BUILTIN:
+    bound = _builtin_of_this_call.get()
+    return bound[1] if bound and bound[0] == site else SITES[site].builtin
   if implementation in _REGISTRY[site]:
     return _REGISTRY[site][implementation]
   if isinstance(implementation, str) and implementation in kernels.names():
@@ -234,12 +270,22 @@ def use_attention(**implementations):
       _overrides[site].reset(token)
 
 
+# (site, layer): what a dispatcher builds for 'trax' while a `BoundDefault`
+# calls it, the default argument Trax bound when it was imported.
+_builtin_of_this_call = contextvars.ContextVar(
+  'trax_qkv_builtin_of_this_call', default=None
+)
+
+
 def _make_dispatcher(site):
   """The gin-configurable layer factory that trax.models calls in `site`.
 
   It passes on only the arguments trax.models gives it, so that the chosen
   layer's own defaults and gin bindings (e.g.
-  `trax.layers.CausalAttention.max_inference_length`) apply as before.
+  `trax.layers.CausalAttention.max_inference_length`) apply as before; a
+  call the built-in would refuse (no `d_feature`: the first of
+  configurable_transformer's `ApplyAttentionLayer`'s two calls) raises
+  TypeError before anything is chosen, as the built-in's does.
   """
 
   def dispatcher(d_feature, implementation=BUILTIN, **kwargs):
@@ -267,27 +313,48 @@ DecoderSelfAttention = DISPATCHERS['causal_attention']
 EncoderDecoderAttention = DISPATCHERS['cross_attention']
 
 
-class _LayersWithDispatchers(types.ModuleType):
-  """`trax.layers`, except that each site's `trax_name` is its dispatcher."""
+class LayersView(types.ModuleType):
+  """`trax.layers` as one module of trax.models sees it: the names of the
+  sites that module builds are their dispatchers, every other name is
+  looked up in `trax.layers` when it is used."""
+
+  def __init__(self, module_name):
+    super().__init__('trax.layers')
+    self.routed_from = module_name
+    self.sites = {
+      site.trax_name: DISPATCHERS[site.name]
+      for site in SITES.values()
+      if module_name in site.modules
+    }
 
   def __getattr__(self, name):
-    for site in SITES.values():
-      if name == site.trax_name:
-        return DISPATCHERS[site.name]
+    if name in self.sites:
+      return self.sites[name]
     return getattr(trax.layers, name)
 
 
-def layers_with_dispatchers():
-  """The view of `trax.layers` that `install` gives
-  trax.models.transformer, which calls each site's `trax_name` in that
-  site only: there it is the site's dispatcher, whose default is the
-  built-in layer."""
-  return _LayersWithDispatchers('trax.layers')
+class BoundDefault:
+  """A site's dispatcher in place of the layer Trax bound as a default
+  argument (e.g. `ConfigurableTransformerLM(attention_type=...)`).
 
+  Called, it dispatches as the site's gin dispatcher does, and where
+  nothing is chosen builds `builtin`, the layer Trax had bound there, so a
+  model built with nothing chosen is the one Trax would build.
+  """
 
-def install():
-  """Makes trax.models.transformer build its attention through the sites'
-  dispatchers: that module (and only it) sees `layers_with_dispatchers()`
-  as `tl`. Idempotent."""
-  if not isinstance(trax_transformer.tl, _LayersWithDispatchers):
-    trax_transformer.tl = layers_with_dispatchers()
+  def __init__(self, site, builtin):
+    self.site, self.builtin = site, builtin
+
+  def __call__(self, *args, **kwargs):
+    token = _builtin_of_this_call.set((self.site, self.builtin))
+    try:
+      return DISPATCHERS[self.site](*args, **kwargs)
+    finally:
+      _builtin_of_this_call.reset(token)
+
+  def __repr__(self):
+    return (
+      f'<trax_qkv.{SITES[self.site].dispatcher}: trax.layers.'
+      f'{SITES[self.site].trax_name} unless trax_qkv.use_attention or gin '
+      'chooses another>'
+    )

@@ -1,0 +1,261 @@
+"""Every model of trax.models that builds attention, under `use_attention`:
+trax_qkv's layers in every site, and Trax's model bit for bit."""
+
+import functools
+import importlib
+import inspect
+import unittest
+
+import gin
+from helpers import assert_trees_equal
+import jax
+import numpy as np
+import pytest
+import trax
+from trax import shapes
+from trax.models.research import configurable_transformer as ct
+
+import trax_qkv
+from trax_qkv.models import registry
+
+VOCAB = 20
+RNG = jax.random.PRNGKey(0)
+DROPOUT_RNG = jax.random.PRNGKey(5)
+EVERY_SITE = dict.fromkeys(registry.SITES, 'reference')
+# Trax's attention cores: none may be left where every site is ours.
+TRAX_CORES = {
+  'PureAttention',
+  'DotProductCausalAttention',
+  'DotProductAttention',
+}
+TINY = dict(d_model=16, d_ff=32, n_heads=4, max_len=16)
+M = trax.models
+
+
+def _seq2seq(model, **kwargs):
+  return functools.partial(
+    model, VOCAB, n_encoder_layers=1, n_decoder_layers=1, **TINY, **kwargs
+  )
+
+
+def _decoder(model, **kwargs):
+  return functools.partial(model, VOCAB, n_layers=1, **TINY, **kwargs)
+
+
+# name -> (build(mode, dropout), whether it reads (source, target) or tokens)
+MODELS = {
+  'LSTMSeq2SeqAttn': (
+    lambda mode, dropout: M.LSTMSeq2SeqAttn(
+      VOCAB,
+      VOCAB,
+      d_model=16,
+      n_encoder_layers=1,
+      n_decoder_layers=1,
+      n_attention_heads=4,
+      attention_dropout=dropout,
+      mode=mode,
+    ),
+    True,
+  ),
+  'ReZeroTransformer': (_seq2seq(M.ReZeroTransformer), True),
+  'ReZeroTransformerEncoder': (
+    _decoder(M.ReZeroTransformerEncoder, n_classes=3),
+    False,
+  ),
+  'ReZeroTransformerDecoder': (_decoder(M.ReZeroTransformerDecoder), False),
+  'ReZeroTransformerLM': (_decoder(M.ReZeroTransformerLM), False),
+  'ConfigurableTransformer': (_seq2seq(M.ConfigurableTransformer), True),
+  'ConfigurableTransformerEncoder': (
+    _decoder(M.ConfigurableTransformerEncoder, n_classes=3),
+    False,
+  ),
+  'ConfigurableTransformerLM': (_decoder(M.ConfigurableTransformerLM), False),
+  'Transformer2': (_seq2seq(M.Transformer2), True),
+}
+
+
+def _inputs(seq2seq, length=6):
+  rs = np.random.RandomState(0)
+  src = rs.randint(1, VOCAB, size=(2, length)).astype(np.int32)
+  src[1, -2:] = 0  # padding, so that the masks matter
+  if not seq2seq:
+    return src
+  return src, rs.randint(1, VOCAB, size=(2, length)).astype(np.int32)
+
+
+def _pair(name, mode, dropout=0.0):
+  build, _ = MODELS[name]
+  builtin = build(mode=mode, dropout=dropout)
+  with trax_qkv.use_attention(**EVERY_SITE):
+    plugin = build(mode=mode, dropout=dropout)
+  return builtin, plugin
+
+
+def _walk(layer):
+  yield layer
+  for sub in layer.sublayers:
+    yield from _walk(sub)
+
+
+def _kinds(model, package):
+  return {
+    type(layer).__name__
+    for layer in _walk(model)
+    if type(layer).__module__.split('.')[0] == package
+  }
+
+
+@pytest.mark.parametrize('name', sorted(MODELS))
+def test_every_site_ours_and_train_mode_bit_for_bit(name):
+  builtin, plugin = _pair(name, 'train', dropout=0.2)
+  assert TRAX_CORES & _kinds(builtin, 'trax')
+  assert not TRAX_CORES & _kinds(plugin, 'trax')
+  assert {'PureAttention', 'DotProductCausalAttention'} & _kinds(
+    plugin, 'trax_qkv'
+  )
+  x = _inputs(MODELS[name][1])
+  w, s = builtin.init(shapes.signature(x), rng=RNG)
+  assert_trees_equal((w, s), plugin.init(shapes.signature(x), rng=RNG))
+
+  def outputs_and_gradients(model):
+    def loss(weights):
+      y, _ = model.pure_fn(x, weights, s, DROPOUT_RNG)
+      first = jax.tree_util.tree_leaves(y)[0]
+      return (first.astype(np.float32) ** 2).mean(), y
+
+    return jax.value_and_grad(loss, has_aux=True)(w)
+
+  ((_, y_builtin), g_builtin) = outputs_and_gradients(builtin)
+  ((_, y_plugin), g_plugin) = outputs_and_gradients(plugin)
+  assert_trees_equal(y_builtin, y_plugin)
+  assert_trees_equal(g_builtin, g_plugin)
+  # Dropout ran: another key gives other outputs (for the first leaf).
+  other, _ = plugin.pure_fn(x, w, s, jax.random.PRNGKey(6))
+  assert not np.array_equal(
+    jax.tree_util.tree_leaves(other)[0], jax.tree_util.tree_leaves(y_plugin)[0]
+  )
+
+
+SEQ2SEQ = sorted(name for name, (_, seq2seq) in MODELS.items() if seq2seq)
+
+
+@pytest.mark.parametrize('name', SEQ2SEQ)
+def test_eval_and_predict_bit_for_bit_state_included(name):
+  builtin, plugin = _pair(name, 'eval')
+  src, tgt = _inputs(True)
+  w, s = builtin.init(shapes.signature((src, tgt)), rng=RNG)
+  assert_trees_equal(
+    builtin.pure_fn((src, tgt), w, s, RNG),
+    plugin.pure_fn((src, tgt), w, s, RNG),
+  )
+  builtin, plugin = _pair(name, 'predict')
+  step = shapes.signature((src, tgt[:, :1]))
+  w, s_builtin = builtin.init(step, rng=RNG)
+  w_plugin, s_plugin = plugin.init(step, rng=RNG)
+  assert_trees_equal((w, s_builtin), (w_plugin, s_plugin))
+  for i in range(3):  # decoding steps: outputs and every cache the same
+    y_builtin, s_builtin = builtin.pure_fn(
+      (src, tgt[:, i : i + 1]), w, s_builtin, RNG
+    )
+    y_plugin, s_plugin = plugin.pure_fn(
+      (src, tgt[:, i : i + 1]), w, s_plugin, RNG
+    )
+    assert_trees_equal((y_builtin, s_builtin), (y_plugin, s_plugin))
+
+
+def _builds(name, mode='eval'):
+  """The trax_qkv and Trax attention layers in a freshly built model."""
+  model = MODELS[name][0](mode=mode, dropout=0.0)
+  return _kinds(model, 'trax_qkv'), _kinds(model, 'trax') & TRAX_CORES
+
+
+def test_nothing_chosen_builds_what_trax_layers_holds(monkeypatch):
+  """A user's own `trax.layers.AttentionQKV` is what trax.models builds
+  where no site is chosen, as it would be without trax_qkv."""
+  built = []
+
+  def my_attention(*args, **kwargs):
+    built.append(kwargs)
+    return original(*args, **kwargs)
+
+  original = trax.layers.AttentionQKV
+  monkeypatch.setattr(trax.layers, 'AttentionQKV', my_attention)
+  trax.models.Transformer(VOCAB, n_encoder_layers=1, n_decoder_layers=1, **TINY)
+  trax.models.LSTMSeq2SeqAttn(VOCAB, VOCAB, d_model=16, mode='predict')
+  assert [kwargs.get('cache_KV_in_predict') for kwargs in built] == [True] * 2
+  assert _builds('LSTMSeq2SeqAttn') == (set(), {'PureAttention'})
+
+
+def test_default_arguments_stay_trax_outside_a_block_and_follow_gin(
+  monkeypatch,
+):
+  ours = ({'DotProductCausalAttention'}, set())
+  # Bound when Trax was imported: replacing trax.layers' layer later does
+  # not reach them, as it would not without trax_qkv.
+  monkeypatch.setattr(trax.layers, 'CausalAttention', None)
+  assert _builds('ConfigurableTransformerLM') == (
+    set(),
+    {'DotProductCausalAttention'},
+  )
+  gin.parse_config("trax_qkv.DecoderSelfAttention.implementation = 'reference'")
+  assert _builds('ConfigurableTransformerLM') == ours
+  gin.clear_config()
+  gin.parse_config(
+    'import trax_qkv\n'
+    'ConfigurableTransformerLM.attention_type = @trax_qkv.QkvCausalAttention'
+  )
+  assert _builds('ConfigurableTransformerLM') == ours
+
+
+def test_apply_attention_layer_calling_conventions():
+  """configurable_transformer tries the efficient layers' keywords first
+  and falls back on a TypeError: every dispatcher gives it one."""
+  default = (
+    inspect.signature(ct.ConfigurableTransformerLM)
+    .parameters['attention_type']
+    .default
+  )
+  assert isinstance(default, registry.BoundDefault)
+  with trax_qkv.use_attention(causal_attention='reference'):
+    attention = ct.ApplyAttentionLayer(
+      default,
+      16,
+      4,
+      4,
+      4,
+      causal=True,
+      masked=True,
+      attention_dropout=0.0,
+      output_dropout=0.0,
+      attention_chunk_size=0,
+      mode='eval',
+    )
+  assert 'DotProductCausalAttention' in _kinds(attention, 'trax_qkv')
+  for dispatcher in registry.DISPATCHERS.values():
+    with pytest.raises(TypeError):
+      dispatcher(n_heads=4, d_qk=4, d_v=4, causal=True, mode='eval')
+
+
+# Trax's own tests of the models that build attention (trax 1.4.1).
+TRAX_TESTS = {
+  'trax.models.transformer_test': 5,
+  'trax.models.rnn_test': 3,
+  'trax.models.research.rezero_test': 3,
+  'trax.models.research.configurable_transformer_test': 15,
+  'trax.models.research.transformer2_test': 6,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('module', sorted(TRAX_TESTS))
+def test_trax_own_tests_pass_with_every_model_built_under_the_block(module):
+  suite = unittest.defaultTestLoader.loadTestsFromModule(
+    importlib.import_module(module)
+  )
+  result = unittest.TestResult()
+  with trax_qkv.use_attention(**EVERY_SITE):
+    suite.run(result)
+  assert result.testsRun == TRAX_TESTS[module]
+  assert not result.failures and not result.errors, (
+    result.failures + result.errors
+  )
