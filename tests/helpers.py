@@ -2,8 +2,15 @@
 
 import gzip
 import importlib
+import json
 import os
 import pickle
+import re
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
@@ -233,3 +240,51 @@ def assert_loads_as_pickle(directory):
       assert_same(checkpoint_files.unpickle_from_file(path), expected)
     elif name.endswith('.npy.gz'):
       assert_same(checkpoint_files.np_from_file(path), plain_arrays(path))
+
+
+class Server:
+  """A `trax-qkv-serve` process on a free port, its standard error kept."""
+
+  def __init__(self, model_dir, *flags):
+    self.model_dir = model_dir
+    self.process = subprocess.Popen(
+      [sys.executable, '-m', '_trax_qkv_cli', 'serve', '--model_dir',
+       model_dir, '--port', '0', *flags],
+      cwd=ROOT, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    self.log = []
+    ready = threading.Event()
+
+    def read():
+      for line in self.process.stderr:
+        self.log.append(line)
+        if line.startswith('serving '):
+          ready.set()
+      ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    ready.wait(300)
+    found = [re.search(r'on (http://\S+)/$', line) for line in self.log]
+    urls = [m.group(1) for m in found if m]
+    assert urls, f'the server did not start:\n{"".join(self.log)}'
+    self.url = urls[0]
+
+  def post(self, path, body, raw=False):
+    """(status, decoded JSON or raw bytes) of a POST."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(self.url + path, data=data, method='POST')
+    try:
+      with urllib.request.urlopen(request, timeout=300) as response:
+        status, content = response.status, response.read()
+    except urllib.error.HTTPError as e:
+      status, content = e.code, e.read()
+    return status, content if raw else json.loads(content)
+
+  def get(self, path):
+    with urllib.request.urlopen(self.url + path, timeout=60) as response:
+      return response.read()
+
+  def stop(self):
+    if self.process.poll() is None:
+      self.process.terminate()
+      self.process.wait(120)

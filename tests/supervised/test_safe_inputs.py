@@ -291,6 +291,20 @@ def _damage(model, name, content):
     ),
     (
       'model.json',
+      lambda b: json.dumps(dict(json.loads(b), model='gru')).encode(),
+      "model.json: model must be one of ('transformer', 'lstm_seq2seq_attn'"
+      "); got 'gru'",
+    ),
+    (
+      'model.json',
+      lambda b: json.dumps(
+        dict(json.loads(b), model='lstm_seq2seq_attn')
+      ).encode(),
+      'model.json: lstm_seq2seq_attn builds attention only in '
+      "('cross_attention',); got 'self_attention'",
+    ),
+    (
+      'model.json',
       lambda b: json.dumps(dict(json.loads(b), attention='reference')).encode(),
       'model.json: attention must map sites to the attention the model was '
       "trained with; got 'reference'",

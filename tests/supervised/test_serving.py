@@ -12,18 +12,15 @@ import functools
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 
 from helpers import ROOT
+from helpers import Server
 from helpers import command
 import numpy as np
 import pytest
@@ -35,54 +32,6 @@ from trax_qkv.supervised import translation  # noqa: E402
 
 MODEL = os.path.join(ROOT, 'tests', 'fixtures', 'release_0.2.0')
 CHROMIUM = os.environ.get('TRAX_QKV_CHROMIUM', '/usr/bin/chromium')
-
-
-class Server:
-  """A `trax-qkv-serve` process on a free port, its standard error kept."""
-
-  def __init__(self, model_dir, *flags):
-    self.model_dir = model_dir
-    self.process = subprocess.Popen(
-      [sys.executable, '-m', '_trax_qkv_cli', 'serve', '--model_dir',
-       model_dir, '--port', '0', *flags],
-      cwd=ROOT, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    self.log = []
-    ready = threading.Event()
-
-    def read():
-      for line in self.process.stderr:
-        self.log.append(line)
-        if line.startswith('serving '):
-          ready.set()
-      ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    ready.wait(300)
-    found = [re.search(r'on (http://\S+)/$', line) for line in self.log]
-    urls = [m.group(1) for m in found if m]
-    assert urls, f'the server did not start:\n{"".join(self.log)}'
-    self.url = urls[0]
-
-  def post(self, path, body, raw=False):
-    """(status, decoded JSON or raw bytes) of a POST."""
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(self.url + path, data=data, method='POST')
-    try:
-      with urllib.request.urlopen(request, timeout=300) as response:
-        status, content = response.status, response.read()
-    except urllib.error.HTTPError as e:
-      status, content = e.code, e.read()
-    return status, content if raw else json.loads(content)
-
-  def get(self, path):
-    with urllib.request.urlopen(self.url + path, timeout=60) as response:
-      return response.read()
-
-  def stop(self):
-    if self.process.poll() is None:
-      self.process.terminate()
-      self.process.wait(120)
 
 
 @pytest.fixture(scope='module')

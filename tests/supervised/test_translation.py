@@ -274,7 +274,7 @@ def test_attention_map_holds_the_viz_mode_weights(tiny_run, tmp_path):
   source_ids = decoding.encode_sources(loaded.vocab, [source])
   target_ids = [loaded.vocab.encode(target) + [data_lib.EOS_ID]]
   expected = attention_maps.cross_attention_weights(
-    model_dir.transformer_fn(loaded.settings),
+    model_dir.model_fn(loaded.settings),
     loaded.checkpoint,
     source_ids,
     target_ids,

@@ -80,7 +80,8 @@ def test_bad_config_is_rejected_before_any_work(tmp_path):
     ValueError,
     match=r'sites must name one or more of '
     r"\('self_attention', 'causal_attention', "
-    r"'cross_attention'\); got \('encoder',\)",
+    r"'cross_attention'\) \(the sites of model 'transformer'\); got "
+    r"\('encoder',\)",
   ):
     validation.run_validation(
       config_lib.ValidationConfig(sites=('encoder',)), str(tmp_path / 'out')

@@ -6,7 +6,7 @@ looks at, for a sentence of your own.
   trax-qkv-attention-map --model_dir runs/m30k/reference --source "Ein Hund \\
       rennt." --target "A dog runs." --format json --output map.json
 
-One PNG with a panel per decoder layer and head: source subwords on one
+One PNG with a panel per cross-attention layer and head: source subwords on one
 axis, target subwords on the other, drawn in an installed font that has
 their glyphs. Without --target the model's own greedy translation is used.
 --format json writes the raw weights instead.

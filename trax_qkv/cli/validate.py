@@ -1,5 +1,5 @@
-"""trax-qkv-validate: Transformers with different attention trained side by
-side from the same seed, decoded and scored.
+"""trax-qkv-validate: translation models with different attention trained
+side by side from the same seed, decoded and scored.
 
 With no flags: the embedded English -> German numbers corpus, the built-in
 ('trax') and trax_qkv's bit-identical layer ('reference') in
@@ -10,6 +10,7 @@ summary.json, loss_curves.png and cross-attention maps to --output_dir.
   trax-qkv-validate --source_dir ../shared/data/multi30k --keys de en \\
       --vocab_size 8192 --d_model 256 --d_ff 1024 --n_layers 3 --steps 4600
   trax-qkv-validate --implementations trax auto
+  trax-qkv-validate --model lstm_seq2seq_attn --output_dir runs/lstm
 
 Running the same command again resumes an interrupted run exactly.
 With --local_processes N, or one command per process with

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from trax_qkv.data import EOS_ID
 from trax_qkv.supervised import attention_maps
+from trax_qkv.supervised import model_dir
 
 logger = logging.getLogger('trax_qkv.serving')
 
@@ -253,7 +254,7 @@ class Routes:
       self._reader = attention_maps.CrossAttentionReader(
         translator.model_fn,
         translator.model.checkpoint,
-        translator.model.settings['n_decoder_layers'],
+        model_dir.cross_attention_layers(translator.model.settings),
       )
     return self._reader
 

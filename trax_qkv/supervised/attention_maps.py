@@ -1,8 +1,8 @@
-"""What a trained Transformer's cross-attention heads look at.
+"""What a trained translation model's cross-attention heads look at.
 
 Runs the model in 'viz' mode, teacher-forcing a target, and reads the
-attention weights that each decoder layer's PureAttention keeps as its
-state there (the built-in's does the same).
+attention weights that each cross-attention layer's PureAttention keeps
+as its state there (the built-in's does the same).
 """
 
 import numpy as np
@@ -18,18 +18,19 @@ from trax_qkv.supervised import translation
 class CrossAttentionReader:
   """A 'viz'-mode model whose checkpoint is read once, for many sentences.
 
-  Encoder self-attention also contains a PureAttention and comes first in
-  the layer tree; decoder causal attention does not, so the last
-  `n_decoder_layers` are the cross-attention ones.
+  A Transformer's encoder self-attention also contains a PureAttention
+  and comes first in the layer tree; decoder causal attention does not,
+  so the last `n_layers` (`model_dir.cross_attention_layers`) are the
+  cross-attention ones.
   """
 
-  def __init__(self, model_fn, weights_file, n_decoder_layers):
+  def __init__(self, model_fn, weights_file, n_layers):
     self._model = model_fn(mode='viz')
-    self._weights_file, self._n_layers = weights_file, n_decoder_layers
+    self._weights_file, self._n_layers = weights_file, n_layers
     self._weights = None
 
   def __call__(self, source_ids, target_ids):
-    """Per decoder layer, (batch, heads, Lq, Lk) cross-attention weights of
+    """Per cross-attention layer, (batch, heads, Lq, Lk) weights of
     the (source, target) id lists, each padded to the longest."""
     model = self._model
     src = decoding.pad_rows(source_ids, max(len(s) for s in source_ids))
@@ -57,11 +58,11 @@ class CrossAttentionReader:
 
 
 def cross_attention_weights(
-  model_fn, weights_file, source_ids, target_ids, n_decoder_layers
+  model_fn, weights_file, source_ids, target_ids, n_layers
 ):
-  """Per decoder layer, (batch, heads, Lq, Lk) cross-attention weights
+  """Per cross-attention layer, (batch, heads, Lq, Lk) weights
   (`CrossAttentionReader`, read once)."""
-  reader = CrossAttentionReader(model_fn, weights_file, n_decoder_layers)
+  reader = CrossAttentionReader(model_fn, weights_file, n_layers)
   return reader(source_ids, target_ids)
 
 
@@ -83,14 +84,14 @@ def for_sentence(model_dir, source, target=None, attention=None):
       layers either way).
 
   Returns:
-    (source tokens, target tokens, per decoder layer (heads, Lq, Lk)
+    (source tokens, target tokens, per cross-attention layer (heads, Lq, Lk)
     weights, target text).
   """
   if not source.strip():
     raise ValueError('source must be a non-empty sentence.')
   registry.check_attention(attention)
   model = model_dir_lib.load(model_dir)
-  model_fn = model_dir_lib.transformer_fn(model.settings, attention)
+  model_fn = model_dir_lib.model_fn(model.settings, attention)
   source_ids = decoding.encode_sources(model.vocab, [source])[0]
   translation.check_sources_fit([source_ids], model.settings, [1])
   translation.check_checkpoint(model, model_fn)
@@ -102,7 +103,9 @@ def for_sentence(model_dir, source, target=None, attention=None):
   else:
     target_ids = encode_target(model.vocab, target, model.settings)
   reader = CrossAttentionReader(
-    model_fn, model.checkpoint, model.settings['n_decoder_layers']
+    model_fn,
+    model.checkpoint,
+    model_dir_lib.cross_attention_layers(model.settings),
   )
   return one_map(reader, model.vocab, source_ids, target_ids) + (target,)
 
@@ -121,7 +124,7 @@ def encode_target(vocab, target, settings):
 
 
 def one_map(reader, vocab, source_ids, target_ids):
-  """(source tokens, target tokens, per decoder layer (heads, Lq, Lk)
+  """(source tokens, target tokens, per cross-attention layer (heads, Lq, Lk)
   weights) of one sentence pair, by a `CrossAttentionReader`."""
   layers = reader([source_ids], [target_ids])
   return (

@@ -8,7 +8,7 @@ these directories.
 """
 
 import collections
-import functools
+import dataclasses
 import os
 import shutil
 
@@ -23,25 +23,111 @@ SETTINGS_FILE = 'model.json'
 VOCAB_FILE = 'vocab.subwords'
 CHECKPOINT = 'model.pkl.gz'
 ATTENTION = 'attention'  # model.json's {site: implementation}
-# trax.models.Transformer's arguments that shape its weights or its math.
-TRANSFORMER_SETTINGS = (
-  'd_model',
-  'd_ff',
-  'n_encoder_layers',
-  'n_decoder_layers',
-  'n_heads',
-  'max_len',
-  'dropout',
-)
+MODEL = 'model'  # model.json's architecture; absent (before 0.5.0): Transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+  """A translation model of trax.models that a directory can hold.
+
+  Attributes:
+    name: model.json's `model`, `trax-qkv-validate --model`.
+    settings: model.json's settings of it besides vocab_size and attention:
+      what shapes its weights or its math, and `max_len`, the most target
+      positions a translation may take.
+    sites: the attention sites it builds (`registry.SITES`).
+    build: (settings, mode) -> the Trax model, every argument explicit so
+      that no gin binding changes the model a directory describes.
+    cross_attention_layers: settings -> how many cross-attention layers it
+      has (the last ones in its layer tree).
+  """
+
+  name: str
+  settings: tuple
+  sites: tuple
+  build: object
+  cross_attention_layers: object
+
+
+def _transformer(settings, mode):
+  return trax.models.Transformer(
+    settings['vocab_size'],
+    output_vocab_size=None,
+    dropout_shared_axes=None,
+    ff_activation=trax.layers.Relu,
+    mode=mode,
+    **{k: settings[k] for k in ARCHITECTURES['transformer'].settings},
+  )
+
+
+def _lstm_seq2seq_attn(settings, mode):
+  return trax.models.LSTMSeq2SeqAttn(
+    settings['vocab_size'],
+    settings['vocab_size'],
+    d_model=settings['d_model'],
+    n_encoder_layers=settings['n_encoder_layers'],
+    n_decoder_layers=settings['n_decoder_layers'],
+    n_attention_heads=settings['n_heads'],
+    attention_dropout=settings['dropout'],
+    mode=mode,
+  )
+
+
+ARCHITECTURES = {
+  arch.name: arch
+  for arch in (
+    Architecture(
+      'transformer',
+      (
+        'd_model',
+        'd_ff',
+        'n_encoder_layers',
+        'n_decoder_layers',
+        'n_heads',
+        'max_len',
+        'dropout',
+      ),
+      tuple(registry.SITES),
+      _transformer,
+      lambda settings: settings['n_decoder_layers'],
+    ),
+    # LSTM encoder and decoder joined by one AttentionQKV; dropout is the
+    # attention's, max_len only bounds decoding (no positional encoding).
+    Architecture(
+      'lstm_seq2seq_attn',
+      (
+        'd_model',
+        'n_encoder_layers',
+        'n_decoder_layers',
+        'n_heads',
+        'max_len',
+        'dropout',
+      ),
+      ('cross_attention',),
+      _lstm_seq2seq_attn,
+      lambda settings: 1,
+    ),
+  )
+}
+TRANSFORMER = ARCHITECTURES['transformer']
 
 
 class ModelDirError(ValueError):
   """A directory that does not hold a usable trained model."""
 
 
-def transformer_fn(settings, attention=None):
-  """model_fn(mode=...) of the trax.models.Transformer that `settings`
-  describe.
+def architecture(settings):
+  """The `Architecture` of model.json's `settings`."""
+  return ARCHITECTURES[settings.get(MODEL, TRANSFORMER.name)]
+
+
+def cross_attention_layers(settings):
+  """How many cross-attention layers the model of `settings` has."""
+  return architecture(settings).cross_attention_layers(settings)
+
+
+def model_fn(settings, attention=None):
+  """model_fn(mode=...) of the model that `settings` describe.
 
   Args:
     settings: model.json's settings (`load` or `model_settings`).
@@ -49,45 +135,51 @@ def transformer_fn(settings, attention=None):
       model was trained with (its checkpoint fits every implementation).
   """
   chosen = dict(settings[ATTENTION], **(attention or {}))
-  # Every argument explicit, so that no gin binding of Transformer changes
-  # the model a directory describes.
-  build = functools.partial(
-    trax.models.Transformer,
-    settings['vocab_size'],
-    output_vocab_size=None,
-    dropout_shared_axes=None,
-    ff_activation=trax.layers.Relu,
-    **{k: settings[k] for k in TRANSFORMER_SETTINGS},
-  )
+  build = architecture(settings).build
 
   def model_fn(mode='train'):
     with registry.use_attention(**chosen):
-      return build(mode=mode)
+      return build(settings, mode)
 
   return model_fn
 
 
-def model_settings(vocab_size, attention, **transformer):
+def model_settings(vocab_size, attention, model=TRANSFORMER.name, **arguments):
   """The settings model.json holds.
 
   Args:
     vocab_size: subwords of the vocabulary (input and output).
-    attention: {site: implementation name}; sites not named run Trax's
-      own layer.
-    **transformer: every argument of TRANSFORMER_SETTINGS.
+    attention: {site: implementation name}; sites of the model not named
+      run Trax's own layer.
+    model: a name of ARCHITECTURES.
+    **arguments: every setting of the architecture.
   """
-  missing = [k for k in TRANSFORMER_SETTINGS if k not in transformer]
+  if model not in ARCHITECTURES:
+    raise ValueError(
+      f'model must be one of {tuple(ARCHITECTURES)}; got {model!r}.'
+    )
+  arch = ARCHITECTURES[model]
+  missing = [k for k in arch.settings if k not in arguments]
   if missing:
     raise ValueError(f'model settings lack {missing}.')
-  for site in attention:
-    registry.check_site(site)
+  _check_sites(arch, attention)
   return dict(
+    model=model,
     vocab_size=vocab_size,
-    **transformer,
+    **{k: arguments[k] for k in arch.settings},
     attention={
-      site: attention.get(site, registry.BUILTIN) for site in registry.SITES
+      site: attention.get(site, registry.BUILTIN) for site in arch.sites
     },
   )
+
+
+def _check_sites(arch, attention):
+  for site in attention:
+    registry.check_site(site)
+    if site not in arch.sites:
+      raise ValueError(
+        f'{arch.name} builds attention only in {arch.sites}; got {site!r}.'
+      )
 
 
 def save(run_dir, settings, vocab_path):
@@ -109,7 +201,12 @@ def _read_settings(path):
     settings = files.read_json_object(file, 'model settings')
   except ValueError as e:
     raise ModelDirError(str(e)) from None
-  for name in TRANSFORMER_SETTINGS + ('vocab_size',):
+  model = settings.setdefault(MODEL, TRANSFORMER.name)
+  if model not in ARCHITECTURES:
+    raise ModelDirError(
+      f'{file}: {MODEL} must be one of {tuple(ARCHITECTURES)}; got {model!r}.'
+    )
+  for name in architecture(settings).settings + ('vocab_size',):
     value = settings.get(name)
     if name == 'dropout':
       ok = (
@@ -161,13 +258,13 @@ def _read_attention(file, settings):
         f'{file}: {ATTENTION} must name the attention '
         'the model was trained with; it is missing.'
       )
+  arch = architecture(settings)
   try:
     registry.check_attention(attention)
+    _check_sites(arch, attention)
   except (TypeError, ValueError) as e:
     raise ModelDirError(f'{file}: {e}') from None
-  return {
-    site: attention.get(site, registry.BUILTIN) for site in registry.SITES
-  }
+  return {site: attention.get(site, registry.BUILTIN) for site in arch.sites}
 
 
 def _read_vocab(path, settings):

@@ -215,7 +215,7 @@ def translation_model_settings():
     },
     **{
       name: _bound('Transformer', name, defaults[name].default)
-      for name in model_dir.TRANSFORMER_SETTINGS
+      for name in model_dir.TRANSFORMER.settings
     },
   )
   return settings, os.path.join(data.vocab_dir, data.vocab_file)

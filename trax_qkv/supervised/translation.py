@@ -164,7 +164,7 @@ class Translator:
       model_dir, n_beams, alpha, attention, batch_size, max_length
     )
     self.batch_size, self.max_length = batch_size, max_length
-    self.model_fn = model_dir_lib.transformer_fn(self.model.settings, attention)
+    self.model_fn = model_dir_lib.model_fn(self.model.settings, attention)
     self._n_beams, self._alpha = n_beams, alpha
     self._decoder = None
 

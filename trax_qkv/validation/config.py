@@ -15,6 +15,7 @@ from trax_qkv import data as data_lib
 from trax_qkv import files
 from trax_qkv import kernels
 from trax_qkv.models import registry
+from trax_qkv.supervised import model_dir
 from trax_qkv.supervised import scoring
 
 RUN_CONFIG = 'validation_config.json'  # the settings of the run in output_dir
@@ -61,6 +62,12 @@ class ValidationConfig:
     None,
     'TFDS data and vocabulary cache (default ~/tensorflow_datasets)',
     type=str,
+  )
+  model: str = _field(
+    'transformer',
+    "the trax.models model trained: 'transformer' (trax.models.Transformer"
+    ") or 'lstm_seq2seq_attn' (trax.models.LSTMSeq2SeqAttn: LSTM encoder "
+    'and decoder joined by one AttentionQKV, --d_ff unused)',
   )
   vocab_size: int = _field(512, 'subword vocabulary size (target)')
   d_model: int = _field(128, 'model width')
@@ -188,10 +195,16 @@ class ValidationConfig:
         raise ValueError(f'{name} must be an int >= 0; got {value!r}.')
 
   def _check_sites_and_implementations(self):
-    if not self.sites or any(site not in registry.SITES for site in self.sites):
+    if self.model not in model_dir.ARCHITECTURES:
       raise ValueError(
-        f'sites must name one or more of '
-        f'{tuple(registry.SITES)}; got {self.sites!r}.'
+        f'model must be one of {tuple(model_dir.ARCHITECTURES)}; got '
+        f'{self.model!r}.'
+      )
+    sites = model_dir.ARCHITECTURES[self.model].sites
+    if not self.sites or any(site not in sites for site in self.sites):
+      raise ValueError(
+        f'sites must name one or more of {sites} (the sites of model '
+        f'{self.model!r}); got {self.sites!r}.'
       )
     if len(set(self.sites)) != len(self.sites):
       raise ValueError(f'sites must be different; got {self.sites!r}.')

@@ -10,6 +10,7 @@ import numpy as np
 
 from trax_qkv import files
 from trax_qkv.models.registry import SITES
+from trax_qkv.supervised import model_dir
 from trax_qkv.validation import environment
 
 
@@ -132,6 +133,22 @@ def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
   return font
 
 
+def _model_line(c):
+  """The model of a run's config in words (configs before 0.5.0 lack
+  `model`: a Transformer)."""
+  if c.get('model', 'transformer') == 'lstm_seq2seq_attn':
+    return (
+      f'LSTMSeq2SeqAttn: {c["n_layers"]} LSTM encoder and {c["n_layers"]} '
+      f'decoder layers joined by one AttentionQKV, d_model {c["d_model"]}, '
+      f'{c["n_heads"]} heads, attention dropout {c["dropout"]}'
+    )
+  return (
+    f'Transformer {c["n_layers"]}+{c["n_layers"]} layers, d_model '
+    f'{c["d_model"]}, d_ff {c["d_ff"]}, {c["n_heads"]} heads, dropout '
+    f'{c["dropout"]}'
+  )
+
+
 def render_report(summary, labels):
   """report.md: one column per implementation (its name as label)."""
   rows = [
@@ -164,9 +181,8 @@ def render_report(summary, labels):
     f'Data set `{summary["dataset"]}` ({" -> ".join(summary["keys"])}), '
     f'{summary["test_sentences"]} test sentences, a shared vocabulary of '
     f'{summary["vocab_size"]} subwords ({c["vocab_size"]} requested). '
-    f'Transformer '
-    f'{c["n_layers"]}+{c["n_layers"]} layers, d_model {c["d_model"]}, '
-    f'd_ff {c["d_ff"]}, {c["n_heads"]} heads, dropout {c["dropout"]}; '
+    + _model_line(c)
+    + '; '
     f'{summary["steps"]} steps of batch {c["batch_size"]}, Adam '
     f'{c["learning_rate"]} with {c["warmup_steps"]} warm-up steps, seed '
     f'{summary["seed"]}. All models see the same batches in the same '
@@ -180,10 +196,15 @@ def render_report(summary, labels):
     '| metric | ' + ' | '.join(labels) + ' |',
     '|---|' + '---|' * len(labels),
   ]
-  # Which layer ran in each site (summaries before 0.3 lack it).
+  # Which layer ran in each site (summaries before 0.3 lack it); '-'
+  # where the model has no such site.
+  sites = model_dir.ARCHITECTURES[c.get('model', 'transformer')].sites
   cells = [
     ' / '.join(
-      summary[label].get('attention', {}).get(site, '?') for site in SITES
+      summary[label].get('attention', {}).get(site, '?')
+      if site in sites
+      else '-'
+      for site in SITES
     )
     for label in labels
   ]

@@ -80,10 +80,12 @@ class RecordingLoop(checkpointing.ResumableLoop):
 
 def model_settings(config, vocab_size, implementation):
   """model.json's settings of the model that runs `implementation` in
-  `config.sites` and Trax's layers elsewhere."""
+  `config.sites` and Trax's layers elsewhere (the settings `config.model`
+  does not take are left out)."""
   return model_dir.model_settings(
     vocab_size,
     {site: implementation for site in config.sites},
+    model=config.model,
     d_model=config.d_model,
     d_ff=config.d_ff,
     n_encoder_layers=config.n_layers,
@@ -336,7 +338,7 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
       for site, implementation in settings[model_dir.ATTENTION].items()
     )
   )
-  model_fn = model_dir.transformer_fn(settings)
+  model_fn = model_dir.model_fn(settings)
   run_dir = os.path.join(output_dir, name)
   if distributed.is_chief():
     model_dir.save(
@@ -377,23 +379,31 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
   )
   if draw_maps:
     draw_attention_maps(
-      config, name, model_fn, checkpoint, corpus, hypotheses, output_dir
+      config,
+      name,
+      model_fn,
+      checkpoint,
+      corpus,
+      hypotheses,
+      output_dir,
+      model_dir.cross_attention_layers(settings),
     )
   return results, loop.step_losses, hypotheses
 
 
 def draw_attention_maps(
-  config, name, model_fn, checkpoint, corpus, hypotheses, output_dir
+  config, name, model_fn, checkpoint, corpus, hypotheses, output_dir, n_layers
 ):
   """cross_attention_{i}.png of the first `config.heatmap_sentences` test
-  sentences, teacher-forcing the model's own greedy translations."""
+  sentences, teacher-forcing the model's own greedy translations; the
+  model has `n_layers` cross-attention layers."""
   n = min(config.heatmap_sentences, len(corpus.source_ids))
   if not n:
     return
   vocab = corpus.vocab
   targets = [vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
   layers = attention_maps.cross_attention_weights(
-    model_fn, checkpoint, corpus.source_ids[:n], targets, config.n_layers
+    model_fn, checkpoint, corpus.source_ids[:n], targets, n_layers
   )
   for i in range(n):
     report.plot_heatmaps(
