@@ -259,3 +259,55 @@ def test_trax_own_tests_pass_with_every_model_built_under_the_block(module):
   assert not result.failures and not result.errors, (
     result.failures + result.errors
   )
+
+
+# How Trax's own configs (google/trax, trax/supervised/configs) bind the
+# models above and their attention, the one line that puts trax_qkv's
+# layer there (a later binding wins in gin: the line goes at the end) and
+# the Trax attention core that it replaces.
+# docs/tests.md: the same lines checked on the files themselves.
+TRAX_CONFIGS = {
+  'lstm_seq2seq_wmt_ende.gin': (
+    'train.model = @trax.models.LSTMSeq2SeqAttn',
+    "trax_qkv.EncoderDecoderAttention.implementation = 'reference'",
+    'PureAttention',
+  ),
+  'rezero_wmt_ende_16gb_adafactor_testing.gin': (
+    'train.model = @trax.models.ReZeroTransformer\n'
+    'ReZeroTransformer.input_vocab_size = 256',
+    "trax_qkv.DecoderSelfAttention.implementation = 'reference'",
+    'DotProductCausalAttention',
+  ),
+  'reformer_addition.gin': (
+    'train.model = @trax.models.ConfigurableTransformerLM\n'
+    'ConfigurableTransformerLM.vocab_size = 256\n'
+    'ConfigurableTransformerLM.attention_type = @CausalAttention',
+    'ConfigurableTransformerLM.attention_type = @trax_qkv.QkvCausalAttention',
+    'DotProductCausalAttention',
+  ),
+  'sparse_lm1b_pretrain_16gb.gin': (
+    'attn_type = @CausalAttention\n'
+    'train.model = @trax.models.ConfigurableTransformerLM\n'
+    'ConfigurableTransformerLM.vocab_size = 256\n'
+    'ConfigurableTransformerLM.attention_type = %attn_type',
+    'attn_type = @trax_qkv.QkvCausalAttention',
+    'DotProductCausalAttention',
+  ),
+}
+
+
+@pytest.mark.parametrize('config', sorted(TRAX_CONFIGS))
+def test_one_line_puts_trax_qkv_into_trax_configs(config):
+  bindings, line, replaced = TRAX_CONFIGS[config]
+
+  def cores(*lines):
+    gin.clear_config()
+    gin.parse_config('\n'.join(('import trax.models', *lines)))
+    model = gin.query_parameter('train.model').scoped_configurable_fn
+    model = model(mode='eval')
+    return _kinds(model, 'trax') & TRAX_CORES, _kinds(model, 'trax_qkv')
+
+  builtin, _ = cores(bindings)
+  assert builtin and cores(bindings, 'import trax_qkv')[1] == set()
+  theirs, ours = cores(bindings, 'import trax_qkv', line)
+  assert replaced in builtin and replaced not in theirs and replaced in ours
