@@ -1,13 +1,18 @@
 """Decoding speed: Trax's sampler, release 0.3's Python loop, the compiled
 search (`trax-qkv-bench --only decoding`).
 
-Two models with trax_qkv's `'auto'` layers in every attention site (as
+Three models with trax_qkv's `'auto'` layers in every attention site (as
 its users decode them), random weights (so no hypothesis ends early and
 every contender decodes every token):
 
   - the Multi30k-sized `Transformer` (vocabulary 8192, d_model 256, d_ff
     1024, 3 + 3 layers, 8 heads): 100 sources of 24 tokens, 32 tokens
     decoded each, 32 sentences per batch; greedy and beam search (4);
+  - the main job's `LSTMSeq2SeqAttn` (`trax-qkv-validate --model
+    lstm_seq2seq_attn`: vocabulary 512, d_model 128, 2 + 2 LSTM layers, 4
+    heads), the same sources and searches. Trax's model runs its LSTM
+    encoder over the whole source at every step (it has no `Cache`
+    around it), and so does every contender;
   - the `TransformerLM` of the model bench (bytes, d_model 512, 2 layers):
     greedy sampling of 64 tokens for 8 rows from token 0.
 
@@ -30,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from trax import shapes
+import trax.models
 from trax.supervised import decoding as trax_decoding
 
 from trax_qkv.benchmarks import models
@@ -52,6 +58,23 @@ def _quick_translation_model(mode):
   return models.transformer(512, 64, 128, 1, 64, mode)
 
 
+def lstm_translator(mode, d_model=128, n_layers=2):
+  """The main job's LSTMSeq2SeqAttn (its default settings), vocabulary 512."""
+  return trax.models.LSTMSeq2SeqAttn(
+    512,
+    512,
+    d_model=d_model,
+    n_encoder_layers=n_layers,
+    n_decoder_layers=n_layers,
+    n_attention_heads=4,
+    mode=mode,
+  )
+
+
+def _quick_lstm_translator(mode):
+  return lstm_translator(mode, d_model=32, n_layers=1)
+
+
 def _with_attention(builder):
   """builder(mode) with ATTENTION in every site."""
   return functools.partial(models.build, builder, ATTENTION)
@@ -67,9 +90,10 @@ def _step_flops(model, inputs, state):
 
 
 def translation_flops(model, rows, source_length):
-  """(encoder FLOPs per source, decoder FLOPs per row and token) of a
-  predict-mode Transformer: the first step runs the encoder, the second
-  only the decoder."""
+  """(first-step FLOPs per source beyond a later step's, FLOPs per row and
+  later step) of a predict-mode translation model: a Transformer's first
+  step runs the encoder and later ones only the decoder; Trax's
+  LSTMSeq2SeqAttn runs its encoder in every step."""
   sources = np.ones((rows, source_length), np.int32)
   token = np.zeros((rows, 1), np.int32)
   first, state = _step_flops(model, (sources, token), model.state)
@@ -77,14 +101,12 @@ def translation_flops(model, rows, source_length):
   return (first - later) / rows, later / rows
 
 
-def translation_case(quick=False, log=print):
+def translation_case(builder, vocab, quick=False, log=print):
   """Contenders -> zero-argument callables, and the FLOPs each call does,
-  for the Transformer: {(search, contender): (fn, flops)}."""
+  for the translation model that `builder(mode)` builds with a vocabulary
+  of `vocab`: {(search, contender): (fn, flops)}."""
   shape = QUICK_TRANSLATION if quick else TRANSLATION
-  model_fn = _with_attention(
-    _quick_translation_model if quick else models.translation_model
-  )
-  vocab = 512 if quick else models.vocab_size(models.translation_model)
+  model_fn = _with_attention(builder)
   n, length = shape['sources'], shape['source_length']
   tokens, batch = shape['tokens'], shape['batch']
   rs = np.random.RandomState(0)
@@ -102,8 +124,8 @@ def translation_case(quick=False, log=print):
   greedy_model = decoding.predict_model(model_fn, path, batch, length, tokens)
   encoder, per_token = translation_flops(greedy_model, batch, length)
   log(
-    f'  XLA FLOPs: encoder {encoder / 1e6:.1f} M per source, decoder '
-    f'{per_token / 1e6:.2f} M per row and token'
+    f'  XLA FLOPs: first step {encoder / 1e6:.1f} M more per source, '
+    f'{per_token / 1e6:.2f} M per row and step'
   )
   greedy_flops = n * (encoder + tokens * per_token)
   beam_flops = n * (encoder + per_token + (tokens - 1) * N_BEAMS * per_token)
@@ -240,7 +262,24 @@ def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
   for name, build, tokens in (
     (
       'Transformer (Multi30k-sized)',
-      functools.partial(translation_case, quick, log),
+      functools.partial(
+        translation_case,
+        _quick_translation_model if quick else models.translation_model,
+        512 if quick else models.vocab_size(models.translation_model),
+        quick,
+        log,
+      ),
+      shape['sources'] * shape['tokens'],
+    ),
+    (
+      'LSTMSeq2SeqAttn (main job)',
+      functools.partial(
+        translation_case,
+        _quick_lstm_translator if quick else lstm_translator,
+        512,
+        quick,
+        log,
+      ),
       shape['sources'] * shape['tokens'],
     ),
     (
