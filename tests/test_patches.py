@@ -1,6 +1,8 @@
 """trax_qkv.patches: every change to Trax, applied once, version-guarded."""
 
+import importlib.machinery
 import importlib.metadata
+import importlib.util
 import inspect
 import os
 import re
@@ -329,3 +331,74 @@ def test_serial_init_inside_a_traced_function():
   assert [w.shape for w in jax.tree_util.tree_leaves(weights)] == [
     (5, 3), (3,), (3, 2), (2,)
   ]  # fmt: skip
+
+
+# ------------------------------------------ patch 9: Trax master's tf_inputs
+
+MASTER_TF_INPUTS = """import tensorflow as tf
+from tensorflow import estimator as tf_estimator
+MODES = (tf_estimator.ModeKeys.TRAIN, tf_estimator.ModeKeys.EVAL)
+def fails():
+  raise RuntimeError('line 5')
+"""
+
+
+def test_master_estimator_import_is_bridged_in_that_module_only(tmp_path):
+  path = tmp_path / 'tf_inputs.py'
+  path.write_text(MASTER_TF_INPUTS)
+
+  def load(patched):
+    loader = importlib.machinery.SourceFileLoader('master_tf_inputs', str(path))
+    if patched:
+      loader = import_patches._PatchingLoader(
+        loader, import_patches.TF_INPUTS_MODULE
+      )
+    spec = importlib.util.spec_from_loader('master_tf_inputs', loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+  with pytest.raises(ImportError, match='estimator'):
+    load(patched=False)  # TensorFlow 2.21: what master's Trax meets
+  module = load(patched=True)
+  assert module.MODES == ('train', 'eval')
+  assert module.fails.__code__.co_firstlineno == 4  # lines kept
+  with pytest.raises(ImportError):
+    from tensorflow import estimator  # noqa: F401  # nowhere else
+  # PyPI's 1.4.1 imports it inside a function: its module runs as it is.
+  assert not import_patches.needs_mode_keys(
+    inspect.getsource(importlib.import_module('trax.data.tf_inputs'))
+  )
+
+
+def test_a_broken_trax_import_names_its_cause_and_a_fix(tmp_path):
+  (tmp_path / 'trax').mkdir()
+  (tmp_path / 'trax' / '__init__.py').write_text(
+    'from tensorflow import estimator\n'
+  )
+  code = (
+    'import sys, warnings\n'
+    'warnings.simplefilter("always")\n'
+    'import trax_qkv\n'
+    'print(trax_qkv.import_patches._Finder in map(type, sys.meta_path))\n'
+    'import trax_qkv.kernels  # without Trax, the kernels still import\n'
+    'trax_qkv.AttentionQKV\n'
+  )
+  env = dict(os.environ, PYTHONPATH=str(tmp_path), TF_CPP_MIN_LOG_LEVEL='3')
+  done = subprocess.run(
+    [sys.executable, '-c', code], capture_output=True, text=True, env=env
+  )
+  assert done.returncode == 1 and done.stdout.split() == ['False']
+  cause = (
+    "importing Trax failed: ImportError: cannot import name 'estimator' "
+    "from 'tensorflow'"
+  )
+  fix = "Install PyPI's release, which trax_qkv is tested with"
+  warning = [line for line in done.stderr.splitlines() if 'Warning' in line]
+  assert len(warning) == 1 and cause in warning[0] and fix in warning[0]
+  assert f'ImportError: trax_qkv.AttentionQKV needs Trax: {cause}' in (
+    done.stderr
+  )
+  other = import_patches.import_failure(ImportError('a stand-in'))
+  assert other.startswith('importing Trax failed: ImportError: a stand-in.')
+  assert "pip install 'trax==1.4.1' 'tensorflow==2.21.*'" in other

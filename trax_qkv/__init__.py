@@ -22,16 +22,22 @@ changes until you choose. Without Trax installed only `trax_qkv.kernels`
 """
 
 import importlib.util
+import warnings
 
 from trax_qkv import import_patches as _import_patches
 
 __version__ = '0.4.0'
 
-_import_patches.install()  # before Trax is imported: patch 6 of patches
+_import_patches.install()  # before Trax is imported: patches 6 and 9
 try:
   import trax as _trax
 except ImportError as _error:  # JAX alone: the kernels still work
-  _TRAX_IMPORT_ERROR = _error
+  _import_patches.uninstall()
+  if importlib.util.find_spec('trax') is None:  # not installed: quiet
+    _TRAX_IMPORT_ERROR = "Trax is not installed (pip install 'trax==1.4.1')"
+  else:
+    _TRAX_IMPORT_ERROR = _import_patches.import_failure(_error)
+    warnings.warn(f'trax_qkv: {_TRAX_IMPORT_ERROR}', stacklevel=2)
 else:
   _TRAX_IMPORT_ERROR = None
   del _trax
@@ -63,9 +69,5 @@ def __getattr__(name):
     and not name.startswith('_')
     and importlib.util.find_spec(f'{__name__}.{name}') is None
   ):
-    raise ImportError(
-      f'trax_qkv.{name} needs Trax, and importing it failed: '
-      f'{_TRAX_IMPORT_ERROR}. Install trax_qkv with its dependencies '
-      '(pip install trax_qkv); without Trax only trax_qkv.kernels works.'
-    )
+    raise ImportError(f'trax_qkv.{name} needs Trax: {_TRAX_IMPORT_ERROR}')
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -5,9 +5,10 @@ nothing). None of these changes numerics or a model: the first three fix
 crashes of trax 1.4.1 on current JAX, the fourth keeps checkpoint files
 from running code, the fifth lets `training.Loop` restore what Trax's
 older trainer wrote, the sixth cuts most of the time importing Trax
-takes, the seventh most of the time building a model takes, and the
-eighth makes trax.models' attention selectable, building Trax's own
-layers until a user chooses. They are written for the trax and jax
+takes, the seventh most of the time building a model takes, the eighth
+makes trax.models' attention selectable, building Trax's own layers
+until a user chooses, and the ninth lets Trax from GitHub master import
+on current TensorFlow. They are written for the trax and jax
 versions that trax_qkv's own package metadata requires (setup.cfg); with
 others `apply()` warns.
 
@@ -66,6 +67,12 @@ others `apply()` warns.
    Trax's code: a module whose functions no longer call the name, or a
    default that no longer holds the layer, is left as it is, with a
    warning.
+9. `tf_estimator` in `trax.data.tf_inputs`, in Trax from GitHub master
+   only: there the module imports `tensorflow.estimator` when Trax is
+   imported, for `ModeKeys` alone, and TensorFlow 2.16 and later have
+   none. Recognised by that line of the module's source, it reads
+   `ModeKeys` from trax_qkv instead; like patch 6 it must be in place
+   before Trax is imported, and `trax_qkv.import_patches` holds it.
 """
 
 import contextlib
