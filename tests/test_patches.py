@@ -402,3 +402,86 @@ def test_a_broken_trax_import_names_its_cause_and_a_fix(tmp_path):
   other = import_patches.import_failure(ImportError('a stand-in'))
   assert other.startswith('importing Trax failed: ImportError: a stand-in.')
   assert "pip install 'trax==1.4.1' 'tensorflow==2.21.*'" in other
+
+
+# Every attribute of a module (and of its classes, and its functions'
+# defaults) that `import trax_qkv` changes, Trax imported first: README's
+# "What `import trax_qkv` changes" names each of them. (Patch 6, `inspect`
+# in `trax.layers.assert_shape`, is installed before Trax is imported, as
+# `import trax_qkv` does: without it importing Trax takes 20 s more.)
+CONFIGURABLE = 'trax.models.research.configurable_transformer.'
+CHANGED_BY_IMPORT = sorted(
+  [
+    'trax.fastmath.numpy.tree_unflatten',  # 1
+    'trax.fastmath.tree_unflatten',
+    'trax.layers.acceleration.for_n_devices',  # 2
+    'trax.layers.for_n_devices',
+    'trax.layers.acceleration.on_cpu',  # 3
+    'trax.layers.on_cpu',
+    'trax.data.inputs.pickle',  # 4
+    'trax.layers.base.pickle',
+    'trax.rl.training.pickle',
+    'trax.supervised.training.pickle',
+    'trax.layers.base.np_from_file',
+    'trax.layers.np_from_file',
+    'trax.supervised.history.History.from_dict',  # 5
+    'trax.layers.combinators.Serial.init_weights_and_state',  # 7
+    'trax.models.transformer.tl',  # 8
+    'trax.models.rnn.tl',
+    'trax.models.research.rezero.tl',
+    'trax.models.research.configurable_transformer.tl',
+    CONFIGURABLE + 'ConfigurableTransformer.__defaults__',
+    CONFIGURABLE + 'ConfigurableTransformerEncoder.__defaults__',
+    CONFIGURABLE + 'ConfigurableTransformerLM.__defaults__',
+    'trax.models.research.transformer2.Transformer2.__defaults__',
+  ]
+)
+
+AUDIT = """
+import importlib.util, inspect, sys
+spec = importlib.util.spec_from_file_location('early', sys.argv[1])
+early = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(early)
+early.install()
+import trax, trax.models, trax.rl.training
+assert type(sys.modules['trax.layers.assert_shape'].inspect).__name__ == (
+  'FramesOnlyInspect')
+
+def snapshot():
+  seen = {}
+  for name, module in list(sys.modules.items()):
+    if module is None or name.startswith(('trax_qkv', '__main__', '__mp_')):
+      continue
+    for attr, value in list(vars(module).items()):
+      seen[name, attr] = value
+      is_class, is_function = inspect.isclass(value), inspect.isfunction(value)
+      if not (is_class or is_function) or value.__module__ != name:
+        continue
+      if is_class:
+        for key, item in list(vars(value).items()):
+          seen[name, f'{attr}.{key}'] = item
+      else:
+        seen[name, f'{attr}.__defaults__'] = value.__defaults__
+  return seen
+
+before = snapshot()
+import trax_qkv
+after = snapshot()
+for (name, attr), value in sorted(after.items()):
+  if (name, attr) in before and before[name, attr] is not value:
+    print(f'{name}.{attr}')
+  elif (name, attr) not in before and any(n == name for n, _ in before):
+    if not inspect.ismodule(value):  # a submodule imported is no change
+      print(f'added {name}.{attr}')
+"""
+
+
+def test_import_changes_what_readme_lists_and_nothing_else():
+  done = subprocess.run(
+    [sys.executable, '-c', AUDIT, import_patches.__file__],
+    capture_output=True,
+    text=True,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+    check=True,
+  )
+  assert sorted(done.stdout.splitlines()) == CHANGED_BY_IMPORT

@@ -33,7 +33,7 @@ try:
   import trax as _trax
 except ImportError as _error:  # JAX alone: the kernels still work
   _import_patches.uninstall()
-  if importlib.util.find_spec('trax') is None:  # not installed: quiet
+  if isinstance(_error, ModuleNotFoundError) and _error.name == 'trax':
     _TRAX_IMPORT_ERROR = "Trax is not installed (pip install 'trax==1.4.1')"
   else:
     _TRAX_IMPORT_ERROR = _import_patches.import_failure(_error)

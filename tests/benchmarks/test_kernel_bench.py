@@ -146,7 +146,7 @@ def test_kernel_bench_runs_without_trax_or_tensorflow(tmp_path):
       class Blocked:
         def find_spec(self, name, path=None, target=None):
           if name.split('.')[0] in ('trax', 'tensorflow'):
-            raise ImportError('no ' + name + ' on this machine')
+            raise ModuleNotFoundError(f'No module named {{name}}', name=name)
       sys.meta_path.insert(0, Blocked())
       sys.argv = ['_trax_qkv_cli', 'bench_kernels', '--rounds', '1',
                   '--shape', '1', '8', '8', '16', '2', '--output_dir',
