@@ -282,7 +282,9 @@ def _route_attention():
 
 
 def apply():
-  """Applies patches 1-8 (see the module doc); idempotent."""
+  """Applies patches 1-5, 7 and 8, and 6 if Trax was imported before
+  trax_qkv (otherwise `import_patches` put 6 and 9 in place before Trax
+  was imported); idempotent."""
   global _applied
   if _applied:
     return
