@@ -10,9 +10,10 @@ every contender decodes every token):
     decoded each, 32 sentences per batch; greedy and beam search (4);
   - the main job's `LSTMSeq2SeqAttn` (`trax-qkv-validate --model
     lstm_seq2seq_attn`: vocabulary 512, d_model 128, 2 + 2 LSTM layers, 4
-    heads), the same sources and searches. Trax's model runs its LSTM
-    encoder over the whole source at every step (it has no `Cache`
-    around it), and so does every contender;
+    heads), the same sources and searches (not with `--quick`: its code
+    is the Transformer's). Trax's model runs its LSTM encoder over the
+    whole source at every step (it has no `Cache` around it), and so does
+    every contender;
   - the `TransformerLM` of the model bench (bytes, d_model 512, 2 layers):
     greedy sampling of 64 tokens for 8 rows from token 0.
 
@@ -58,21 +59,17 @@ def _quick_translation_model(mode):
   return models.transformer(512, 64, 128, 1, 64, mode)
 
 
-def lstm_translator(mode, d_model=128, n_layers=2):
+def lstm_translator(mode):
   """The main job's LSTMSeq2SeqAttn (its default settings), vocabulary 512."""
   return trax.models.LSTMSeq2SeqAttn(
     512,
     512,
-    d_model=d_model,
-    n_encoder_layers=n_layers,
-    n_decoder_layers=n_layers,
+    d_model=128,
+    n_encoder_layers=2,
+    n_decoder_layers=2,
     n_attention_heads=4,
     mode=mode,
   )
-
-
-def _quick_lstm_translator(mode):
-  return lstm_translator(mode, d_model=32, n_layers=1)
 
 
 def _with_attention(builder):
@@ -259,35 +256,31 @@ def run(rounds=DEFAULT_ROUNDS, quick=False, log=print):
     'attention': ATTENTION,
     'models': {},
   }
-  for name, build, tokens in (
+  translators = [
     (
       'Transformer (Multi30k-sized)',
-      functools.partial(
-        translation_case,
-        _quick_translation_model if quick else models.translation_model,
-        512 if quick else models.vocab_size(models.translation_model),
-        quick,
-        log,
-      ),
-      shape['sources'] * shape['tokens'],
-    ),
+      _quick_translation_model if quick else models.translation_model,
+      512 if quick else models.vocab_size(models.translation_model),
+    )
+  ]
+  if not quick:  # the same code as the Transformer's: --quick skips it
+    translators.append(('LSTMSeq2SeqAttn (main job)', lstm_translator, 512))
+  cases = [
     (
-      'LSTMSeq2SeqAttn (main job)',
-      functools.partial(
-        translation_case,
-        _quick_lstm_translator if quick else lstm_translator,
-        512,
-        quick,
-        log,
-      ),
+      name,
+      functools.partial(translation_case, builder, vocab, quick, log),
       shape['sources'] * shape['tokens'],
-    ),
+    )
+    for name, builder, vocab in translators
+  ]
+  cases.append(
     (
       'TransformerLM',
       functools.partial(lm_case, quick),
       lm['rows'] * lm['tokens'],
-    ),
-  ):
+    )
+  )
+  for name, build, tokens in cases:
     log(f'{name}: building and compiling ...')
     case = build()
     # Same tokens from the loop and the compiled search (random weights:
