@@ -365,9 +365,11 @@ def test_master_estimator_import_is_bridged_in_that_module_only(tmp_path):
   assert module.fails.__code__.co_firstlineno == 4  # lines kept
   with pytest.raises(ImportError):
     from tensorflow import estimator  # noqa: F401  # nowhere else
-  # PyPI's 1.4.1 imports it inside a function: its module runs as it is.
-  assert not import_patches.needs_mode_keys(
-    inspect.getsource(importlib.import_module('trax.data.tf_inputs'))
+  # The installed Trax's module was bridged exactly where it needs it
+  # (master); PyPI's 1.4.1 imports it inside a function and runs as it is.
+  tf_inputs = importlib.import_module('trax.data.tf_inputs')
+  assert import_patches.needs_mode_keys(inspect.getsource(tf_inputs)) == (
+    getattr(tf_inputs, 'tf_estimator', None) is import_patches.ESTIMATOR
   )
 
 
@@ -477,6 +479,9 @@ for (name, attr), value in sorted(after.items()):
 
 
 def test_import_changes_what_readme_lists_and_nothing_else():
+  tf_inputs = importlib.import_module('trax.data.tf_inputs')
+  if getattr(tf_inputs, 'tf_estimator', None) is import_patches.ESTIMATOR:
+    pytest.skip('Trax master cannot be imported before trax_qkv (patch 9)')
   done = subprocess.run(
     [sys.executable, '-c', AUDIT, import_patches.__file__],
     capture_output=True,
