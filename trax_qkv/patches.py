@@ -246,9 +246,9 @@ def _route_attention():
     module = importlib.import_module(name)
     view = registry.LayersView(name)
     tl = getattr(module, 'tl', None)
-    missing = [n for n in view.sites if n not in _names_called(module)]
     if isinstance(tl, registry.LayersView):
-      continue
+      continue  # routed already
+    missing = [n for n in view.sites if n not in _names_called(module)]
     if tl is not trax.layers or missing:
       skipped.append(f'{name} (its tl or its calls of {missing} changed)')
       continue
