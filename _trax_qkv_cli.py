@@ -8,7 +8,7 @@ that import to register our configurables and sites -- and the start-up
 noise of that import is what this module keeps behind --verbose. From a
 checkout without installing, `python3 -m _trax_qkv_cli COMMAND [FLAGS]`
 runs the same commands (COMMAND: train, validate, translate,
-attention_map, bench, bench_kernels, serve).
+attention_map, compare, bench, bench_kernels, serve).
 
 Importing Trax prints TensorFlow's and XLA's C++ start-up lines (absl,
 oneDNN, CUDA stubs) and Gym's "unmaintained" notice, and gin logs
@@ -77,6 +77,7 @@ train = functools.partial(run, 'train')
 validate = functools.partial(run, 'validate')
 translate = functools.partial(run, 'translate')
 attention_map = functools.partial(run, 'attention_map')
+compare = functools.partial(run, 'compare')
 bench = functools.partial(run, 'bench')
 bench_kernels = functools.partial(run, 'bench_kernels')
 serve = functools.partial(run, 'serve')
@@ -86,7 +87,7 @@ if __name__ == '__main__':
   if len(sys.argv) < 2 or sys.argv[1].startswith('-'):
     sys.exit(
       'usage: python3 -m _trax_qkv_cli COMMAND [FLAGS]; COMMAND is '
-      'one of train, validate, translate, attention_map, bench, '
+      'one of train, validate, translate, attention_map, compare, bench, '
       'bench_kernels, serve.'
     )
   sys.exit(run(sys.argv[1], sys.argv[2:]))

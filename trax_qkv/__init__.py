@@ -52,6 +52,7 @@ else:
   from trax_qkv.layers import CausalAttention
   from trax_qkv.layers import DotProductCausalAttention
   from trax_qkv.layers import PureAttention
+  from trax_qkv.models import variants as _variants
   from trax_qkv.models.registry import DecoderSelfAttention
   from trax_qkv.models.registry import EncoderDecoderAttention
   from trax_qkv.models.registry import EncoderSelfAttention
@@ -60,6 +61,7 @@ else:
   from trax_qkv.models.registry import use_attention
 
   patches.apply()
+  _variants.register()
 
 
 def __getattr__(name):

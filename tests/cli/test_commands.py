@@ -13,6 +13,7 @@ COMMANDS = (
   'validate',
   'translate',
   'attention_map',
+  'compare',
   'bench',
   'bench_kernels',
   'serve',

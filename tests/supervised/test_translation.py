@@ -20,6 +20,7 @@ import pytest
 from trax_qkv import data as data_lib
 from trax_qkv.supervised import attention_maps
 from trax_qkv.supervised import decoding
+from trax_qkv.supervised import head_measures
 from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
 from trax_qkv.supervised import scoring
@@ -283,6 +284,9 @@ def test_attention_map_holds_the_viz_mode_weights(tiny_run, tmp_path):
   assert len(written['weights']) == config.n_layers
   for got, want in zip(written['weights'], expected):
     assert np.array_equal(np.asarray(got, np.float32), want[0])
+  assert written['head_measures'] == head_measures.measures(
+    expected, [len(source_ids[0])], [len(target_ids[0])]
+  )
   # Trax's own cross-attention on the same checkpoint: the same weights.
   builtin = tmp_path / 'builtin.json'
   argv = ['--model_dir', str(out / 'reference'), '--source', source]

@@ -16,7 +16,15 @@ from trax_qkv.validation import run as validation
 
 @pytest.mark.parametrize(
   'name',
-  ['train', 'validate', 'bench', 'bench_kernels', 'translate', 'attention_map'],
+  [
+    'train',
+    'validate',
+    'bench',
+    'bench_kernels',
+    'translate',
+    'attention_map',
+    'compare',
+  ],
 )
 def test_every_command_documents_every_flag(name, capsys):
   parser = command(name).build_parser()
@@ -137,6 +145,40 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
       assert key in summary[label]
   assert summary['trax']['final_loss'] == summary['reference']['final_loss']
   assert 'Max |difference|' in (out / 'report.md').read_text()
+  # The same model: the same parameters and the same heads.
+  heads = summary['reference']['cross_attention_heads']
+  assert heads == summary['trax']['cross_attention_heads']
+  assert heads['sentences'] == config.max_test_sentences
+  assert len(heads['divergence']) == config.n_layers
+  assert 0 < heads['divergence'][0] < 1 and 0 < heads['peak'][0] <= 1
+  assert summary['trax']['parameters'] == summary['reference']['parameters']
+  # trax-qkv-compare: the table of the run, and both models' maps.
+  assert (
+    command('compare').main(
+      ['--runs', str(out), '--sources', 'one', '--output_dir', str(out / 'cmp')]
+    )
+    == 0
+  )
+  table = (out / 'cmp' / 'comparison.md').read_text()
+  assert '| | `trax` | `reference` |' in table
+  row = f'| parameters | {summary["trax"]["parameters"]:,} |'
+  assert row in table
+  assert (out / 'cmp' / 'maps_0.png').stat().st_size > 0
+  assert (
+    command('compare').main(
+      [
+        '--runs',
+        str(out),
+        '--sources',
+        'a',
+        'b',
+        '--output_dir',
+        str(out / 'x'),
+      ]
+    )
+    == 2
+  )
+  assert not (out / 'x').exists()
   assert summary['environment']['jax'] == jax.__version__
   assert 'Ran on Python ' in (out / 'report.md').read_text()
   # The same output_dir with another model size: refused, nothing touched.

@@ -8,8 +8,10 @@ looks at, for a sentence of your own.
 
 One PNG with a panel per cross-attention layer and head: source subwords on one
 axis, target subwords on the other, drawn in an installed font that has
-their glyphs. Without --target the model's own greedy translation is used.
---format json writes the raw weights instead.
+their glyphs, and per layer how different the heads are and how focused
+(`trax_qkv.supervised.head_measures`). Without --target the model's own
+greedy translation is used. --format json writes the raw weights and the
+measures instead.
 """
 
 import json
@@ -78,6 +80,11 @@ def main(argv=None):
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
+  from trax_qkv.supervised import head_measures
+
+  measures = head_measures.measures(
+    [w[None] for w in weights], [len(source_tokens)], [len(target_tokens)]
+  )
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   if args.format == 'json':
     files.write_text(
@@ -89,6 +96,7 @@ def main(argv=None):
           'source_tokens': source_tokens,
           'target_tokens': target_tokens,
           'weights': [w.tolist() for w in weights],
+          'head_measures': measures,
         },
         ensure_ascii=False,
       ),
@@ -101,7 +109,7 @@ def main(argv=None):
       source_tokens,
       target_tokens,
       output,
-      f'"{args.source}" -> "{target}"',
+      f'"{args.source}" -> "{target}"\n' + report.measures_line(measures),
     )
   print(output)
   return 0

@@ -14,7 +14,7 @@ from trax_qkv.supervised import model_dir
 from trax_qkv.validation import environment
 
 
-def _pyplot():
+def pyplot():
   import matplotlib
 
   matplotlib.use('Agg')
@@ -59,7 +59,7 @@ def font_for(texts):
   return None
 
 
-def _save(fig, path, dpi):
+def save_png(fig, path, dpi):
   """Writes `fig` to `path` as PNG, whole (whatever its suffix: matplotlib
   would otherwise append '.png' to a path without one), or into `path`,
   a binary file object; and closes it."""
@@ -68,11 +68,11 @@ def _save(fig, path, dpi):
   else:
     with files.atomic_path(path) as tmp:
       fig.savefig(tmp, dpi=dpi, format='png')
-  _pyplot().close(fig)
+  pyplot().close(fig)
 
 
 def plot_loss_curves(histories, path):
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(7, 4))
   for (label, losses), style in zip(histories.items(), ('-', '--', ':', '-.')):
     ax.plot(
@@ -84,7 +84,7 @@ def plot_loss_curves(histories, path):
   ax.legend()
   ax.set_title('Training loss, same seed and batches')
   fig.tight_layout()
-  _save(fig, path, dpi=120)
+  save_png(fig, path, dpi=120)
 
 
 def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
@@ -97,7 +97,7 @@ def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
   """
   from matplotlib.font_manager import FontProperties
 
-  plt = _pyplot()
+  plt = pyplot()
   font = font_for(list(source_tokens) + list(target_tokens) + [title])
   if font is None:
     source_tokens = [str(i) for i in range(len(source_tokens))]
@@ -129,11 +129,11 @@ def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
       ax.set_yticklabels(target_tokens, fontsize=6, fontproperties=properties)
   fig.suptitle(title, fontsize=9, fontproperties=properties)
   fig.tight_layout()
-  _save(fig, path, dpi=110)
+  save_png(fig, path, dpi=110)
   return font
 
 
-def _model_line(c):
+def model_line(c):
   """The model of a run's config in words (configs before 0.5.0 lack
   `model`: a Transformer)."""
   if c.get('model', 'transformer') == 'lstm_seq2seq_attn':
@@ -147,6 +147,41 @@ def _model_line(c):
     f'{c["d_model"]}, d_ff {c["d_ff"]}, {c["n_heads"]} heads, dropout '
     f'{c["dropout"]}'
   )
+
+
+HEAD_ROWS = (
+  ('JS divergence between heads, bits', 'divergence'),
+  ('entropy of a head, bits', 'entropy'),
+  ('peak weight of a head', 'peak'),
+)
+
+
+def per_layer(values):
+  """'0.41 / 0.38': a measure per layer; '-' for None (one head)."""
+  return ' / '.join('-' if v is None else f'{v:.2f}' for v in values)
+
+
+def measures_line(measures):
+  """The head measures of one map in one line, per layer."""
+  return (
+    '; '.join(f'{title} {per_layer(measures[key])}' for title, key in HEAD_ROWS)
+    + ' (per layer)'
+  )
+
+
+def _head_rows(summary, labels):
+  """The cross-attention head measures (`head_measures`), per layer;
+  summaries before 0.5.0 lack them."""
+  heads = [summary[label].get('cross_attention_heads') for label in labels]
+  if not any(heads):
+    return []
+  n = max(h['sentences'] for h in heads if h)
+  return [
+    f'| cross-attention, {title} (per layer, {n} test sentences) | '
+    + ' | '.join(per_layer(h[key]) if h else 'n/a' for h in heads)
+    + ' |'
+    for title, key in HEAD_ROWS
+  ]
 
 
 def render_report(summary, labels):
@@ -170,6 +205,7 @@ def render_report(summary, labels):
     ('final training loss', 'final_loss', '{:.6f}'),
     ('eval loss', 'eval_loss', '{:.4f}'),
     ('eval token accuracy', 'eval_accuracy', '{:.4f}'),
+    ('parameters', 'parameters', '{:,}'),
     ('training time (s)', 'train_seconds', '{:.1f}'),
     ('greedy decoding time (s)', 'decode_seconds', '{:.1f}'),
     ('beam search time (s)', 'beam_seconds', '{:.1f}'),
@@ -181,7 +217,7 @@ def render_report(summary, labels):
     f'Data set `{summary["dataset"]}` ({" -> ".join(summary["keys"])}), '
     f'{summary["test_sentences"]} test sentences, a shared vocabulary of '
     f'{summary["vocab_size"]} subwords ({c["vocab_size"]} requested). '
-    + _model_line(c)
+    + model_line(c)
     + '; '
     f'{summary["steps"]} steps of batch {c["batch_size"]}, Adam '
     f'{c["learning_rate"]} with {c["warmup_steps"]} warm-up steps, seed '
@@ -221,6 +257,7 @@ def render_report(summary, labels):
       for label in labels
     ]
     lines.append(f'| {title} | ' + ' | '.join(cells) + ' |')
+  lines += _head_rows(summary, labels)
   first = summary[labels[0]]
   lines += [
     '',
@@ -243,8 +280,8 @@ def render_report(summary, labels):
     '',
     '![loss curves](loss_curves.png)',
     '',
-    'Cross-attention per head (`cross_attention_*.png`): each head '
-    'has its own query/key projection and so its own alignment.',
+    'Cross-attention per head: `cross_attention_*.png`; the head '
+    'measures are defined in `trax_qkv.supervised.head_measures`.',
     '',
   ]
   return '\n'.join(lines)

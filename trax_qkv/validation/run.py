@@ -15,6 +15,7 @@ import itertools
 import os
 import time
 
+import jax
 import numpy as np
 import trax
 from trax import layers as tl
@@ -28,6 +29,7 @@ from trax_qkv.supervised import attention_maps
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
 from trax_qkv.supervised import distributed
+from trax_qkv.supervised import head_measures
 from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
 from trax_qkv.supervised import scoring
@@ -356,6 +358,7 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
     config, model_fn, checkpoint, corpus, len(corpus.source_ids), 1, log
   )
   beam = beam_search_scores(config, model_fn, checkpoint, corpus, log)
+  n_layers = model_dir.cross_attention_layers(settings)
   results = dict(
     scoring.scores(hypotheses, corpus.references, config.bleu_tokenize),
     **{f'beam_{k}': v for k, v in beam.items() if k != 'hypotheses'},
@@ -365,6 +368,12 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
     train_seconds=seconds,
     decode_seconds=decode_seconds,
     attention=settings[model_dir.ATTENTION],
+    parameters=int(
+      sum(np.size(w) for w in jax.tree_util.tree_leaves(loop.model.weights))
+    ),
+    cross_attention_heads=cross_attention_heads(
+      model_fn, checkpoint, corpus, hypotheses, n_layers, log
+    ),
   )
   log(
     f'{name}: '
@@ -386,9 +395,28 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
       corpus,
       hypotheses,
       output_dir,
-      model_dir.cross_attention_layers(settings),
+      n_layers,
     )
   return results, loop.step_losses, hypotheses
+
+
+HEAD_SENTENCES = 200  # test sentences whose cross-attention is measured
+
+
+def cross_attention_heads(
+  model_fn, checkpoint, corpus, hypotheses, n_layers, log=print
+):
+  """`head_measures.model_measures` of the cross-attention layers over the
+  first `HEAD_SENTENCES` test sentences, teacher-forcing the model's own
+  greedy translations, with the number of sentences."""
+  n = min(HEAD_SENTENCES, len(corpus.source_ids))
+  log(f'measuring the cross-attention heads on {n} test sentences ...')
+  reader = attention_maps.CrossAttentionReader(model_fn, checkpoint, n_layers)
+  targets = [corpus.vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
+  return dict(
+    head_measures.model_measures(reader, corpus.source_ids[:n], targets),
+    sentences=n,
+  )
 
 
 def draw_attention_maps(

@@ -1,0 +1,160 @@
+"""The projection variants (`trax_qkv.layers.variants`, registered by
+`trax_qkv.models.variants`): real models that train and decode, never
+chosen unless named; and the head measures they are compared by."""
+
+import jax
+import numpy as np
+import pytest
+import trax
+from trax import shapes
+
+import trax_qkv
+from trax_qkv import kernels
+from trax_qkv.models import registry
+from trax_qkv.models import variants
+from trax_qkv.supervised import head_measures
+
+VOCAB = 20
+RNG = jax.random.PRNGKey(0)
+
+
+def _transformer(name, mode):
+  with trax_qkv.use_attention(**dict.fromkeys(registry.SITES, name)):
+    return trax.models.Transformer(
+      VOCAB,
+      d_model=16,
+      d_ff=32,
+      n_encoder_layers=1,
+      n_decoder_layers=1,
+      n_heads=4,
+      max_len=16,
+      dropout=0.0,
+      mode=mode,
+    )
+
+
+def _walk(layer):
+  yield layer
+  for sub in layer.sublayers:
+    yield from _walk(sub)
+
+
+def _of_kind(model, kind):
+  return [layer for layer in _walk(model) if type(layer).__name__ == kind]
+
+
+def _batch():
+  rs = np.random.RandomState(0)
+  src = rs.randint(1, VOCAB, size=(2, 6)).astype(np.int32)
+  tgt = rs.randint(1, VOCAB, size=(2, 5)).astype(np.int32)
+  src[1, -2:] = 0
+  return src, tgt
+
+
+@pytest.mark.parametrize('name', sorted(variants.VARIANTS))
+def test_variant_in_every_site_trains_and_decodes_as_it_evaluates(
+  name, tmp_path
+):
+  src, tgt = _batch()
+  model = _transformer(name, 'eval')
+  heads = {layer._n_heads for layer in _of_kind(model, 'PureAttention')}
+  assert heads == ({1} if name == 'one_head' else {4})
+  shared = len(_of_kind(model, 'SharedDense'))
+  assert shared == (3 if name == 'shared_projection' else 0)
+  w, s = model.init(shapes.signature((src, tgt, tgt)), rng=RNG)
+
+  def loss(weights):
+    logits = model.pure_fn((src, tgt, tgt), weights, s, RNG)[0][0]
+    return (
+      -jax.numpy.sum(jax.nn.one_hot(tgt, VOCAB) * jax.nn.log_softmax(logits))
+      / tgt.size
+    )
+
+  before, grads = jax.value_and_grad(loss)(w)
+  assert all(np.isfinite(g).all() for g in jax.tree_util.tree_leaves(grads))
+  w = jax.tree_util.tree_map(lambda a, g: a - 0.05 * g, w, grads)
+  assert loss(w) < before  # one step of gradient descent: it trains
+
+  # Decoding: predict mode, a token at a time, from the same weights,
+  # gives what eval mode gives for the whole target (the causal cache).
+  model.weights, model.state = w, s
+  path = str(tmp_path / 'weights.pkl.gz')
+  model.save_to_file(path)
+  logits = model((src, tgt, tgt))[0]
+  predict = _transformer(name, 'predict')
+  predict.init_from_file(
+    path, weights_only=True, input_signature=shapes.signature((src, tgt[:, :1]))
+  )
+  # The decoder's input is the target shifted right: 0 first.
+  shifted = np.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
+  for i in range(tgt.shape[1]):
+    step = predict((src, shifted[:, i : i + 1]))[0]
+    np.testing.assert_allclose(step[:, 0], logits[:, i], atol=1e-5)
+
+
+def test_variants_are_chosen_only_by_name():
+  for site in registry.SITES:
+    names = registry.attention_implementations(site)
+    for name in variants.VARIANTS:
+      assert name in names and name not in kernels.names()
+    auto = registry.resolve_attention(site, 'auto')
+    assert auto.func is registry.SITES[site].ours
+  # Neither the default nor 'auto' drops a projection or a head.
+  src, tgt = _batch()
+  sizes = set()
+  for name in ('trax', 'auto'):
+    model = _transformer(name, 'eval')
+    assert not _of_kind(model, 'SharedDense')
+    assert {layer._n_heads for layer in _of_kind(model, 'PureAttention')} == {4}
+    w, _ = model.init(shapes.signature((src, tgt, tgt)), rng=RNG)
+    sizes.add(sum(np.size(x) for x in jax.tree_util.tree_leaves(w)))
+  assert len(sizes) == 1
+
+
+def test_bad_projection_is_named():
+  from trax_qkv.layers import variants as layers
+
+  with pytest.raises(ValueError, match='projection must be one of'):
+    layers.AttentionQKV('both', 16, n_heads=4)
+  with pytest.raises(ValueError, match='n_heads'):
+    layers.AttentionQKV('none', 16, n_heads=3)
+
+
+def _rows(*rows):
+  return np.asarray(rows, np.float64)
+
+
+def test_head_measures_on_hand_made_distributions():
+  uniform = _rows([0.25] * 4, [0.25] * 4)
+  one_hot = _rows([1, 0, 0, 0], [0, 0, 1, 0])
+  other = _rows([0, 1, 0, 0], [0, 0, 0, 1])
+  measure = head_measures.layer_measures
+  # Identical heads: 0 divergence. One-hot rows: 0 entropy, peak 1.
+  same = measure(np.stack([one_hot, one_hot])[None], [4], [2])
+  assert same == dict(divergence=0.0, entropy=0.0, peak=1.0)
+  # Disjoint one-hot heads: 1 bit apart.
+  apart = measure(np.stack([one_hot, other])[None], [4], [2])
+  assert apart['divergence'] == pytest.approx(1.0)
+  # Uniform over 4: 2 bits; against one-hot: JSD = H(m) - (2 + 0) / 2.
+  spread = measure(np.stack([uniform, one_hot])[None], [4], [2])
+  m = np.array([0.625, 0.125, 0.125, 0.125])
+  assert spread['divergence'] == pytest.approx(-np.sum(m * np.log2(m)) - 1.0)
+  assert spread['entropy'] == pytest.approx(1.0)  # (2 + 0) / 2
+  assert spread['peak'] == pytest.approx((0.25 + 1) / 2)
+  # One head: no pairs, no divergence.
+  assert measure(one_hot[None, None], [4], [2])['divergence'] is None
+
+
+def test_head_measures_leave_out_padding():
+  # Sentence 2 has 2 real source positions and 1 real target position; its
+  # padded rows and columns (nonsense here) must not count.
+  w = np.zeros((2, 2, 2, 4))
+  w[0, :, :, 0] = 1.0
+  w[1, :, 0, :2] = [[1.0, 0.0], [0.0, 1.0]]
+  w[1, :, 1, :] = 0.25
+  got = head_measures.layer_measures(w, [4, 2], [2, 1])
+  # Rows: 2 + 2 (sentence 1, identical heads) and 1 + 1 (disjoint heads).
+  assert got['entropy'] == 0.0 and got['peak'] == 1.0
+  assert got['divergence'] == pytest.approx((0 + 0 + 1) / 3)
+  with pytest.raises(ValueError, match='source_lengths'):
+    head_measures.layer_measures(w, [4, 5], [2, 1])

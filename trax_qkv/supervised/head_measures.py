@@ -1,0 +1,131 @@
+"""How different a layer's attention heads are, and how focused each is.
+
+For one layer's attention weights over a batch of sentences, each target
+position of each head is a distribution over the source positions. Three
+numbers summarize them, in bits, averaged over every real (unpadded)
+target position of every sentence:
+
+  divergence  the mean Jensen-Shannon divergence between the distributions
+              of two heads at the same position, over all pairs of heads:
+              0 when the heads attend alike, 1 when they attend to
+              disjoint positions. None with a single head.
+  entropy     the mean entropy of a head's distribution: 0 when all its
+              mass is on one source position, log2(source length) when it
+              is spread evenly.
+  peak        the mean largest weight: the share of the mass on the one
+              position a head attends to most.
+
+Voita et al. (2019) and Michel et al. (2019) study heads with measures of
+this kind; these are the plain ones, computed the same way for every
+model (docs/why_three_dense.md).
+"""
+
+import itertools
+
+import numpy as np
+
+
+def _entropy_bits(p):
+  with np.errstate(divide='ignore', invalid='ignore'):
+    return -np.sum(np.where(p > 0, p * np.log2(p), 0.0), axis=-1)
+
+
+def js_divergence(p, q):
+  """Jensen-Shannon divergence in bits between distributions along the
+  last axis of `p` and `q` (same shape); 0 to 1."""
+  m = (p + q) / 2
+  return _entropy_bits(m) - (_entropy_bits(p) + _entropy_bits(q)) / 2
+
+
+def layer_measures(weights, source_lengths, target_lengths):
+  """The divergence, entropy and peak of one layer (see the module doc).
+
+  Args:
+    weights: (batch, heads, Lq, Lk) attention weights, as
+      `attention_maps.CrossAttentionReader` reads them; rows beyond a
+      sentence's lengths are padding.
+    source_lengths: per sentence, how many of the Lk positions are real.
+    target_lengths: per sentence, how many of the Lq positions are real.
+
+  Returns:
+    A dict with 'divergence' (None for one head), 'entropy' and 'peak',
+    floats averaged over all real rows.
+
+  Raises:
+    ValueError: weights is not 4-D, or the lengths do not fit it.
+  """
+  weights = np.asarray(weights, np.float64)
+  if weights.ndim != 4:
+    raise ValueError(
+      f'weights must be (batch, heads, Lq, Lk); got shape {weights.shape}.'
+    )
+  batch, n_heads, lq, lk = weights.shape
+  for name, lengths, limit in (
+    ('source_lengths', source_lengths, lk),
+    ('target_lengths', target_lengths, lq),
+  ):
+    if len(lengths) != batch or not all(0 < n <= limit for n in lengths):
+      raise ValueError(
+        f'{name} must give 1..{limit} for each of the {batch} sentences; '
+        f'got {list(lengths)}.'
+      )
+  divergences, entropies, peaks = [], [], []
+  for w, n_src, n_tgt in zip(weights, source_lengths, target_lengths):
+    rows = w[:, :n_tgt, :n_src]
+    # Padding gets (almost) no weight; renormalize what is left.
+    rows = rows / np.sum(rows, axis=-1, keepdims=True)
+    entropies.append(_entropy_bits(rows).ravel())
+    peaks.append(np.max(rows, axis=-1).ravel())
+    for a, b in itertools.combinations(range(n_heads), 2):
+      divergences.append(js_divergence(rows[a], rows[b]))
+  return dict(
+    divergence=(
+      float(np.mean(np.concatenate(divergences))) if divergences else None
+    ),
+    entropy=float(np.mean(np.concatenate(entropies))),
+    peak=float(np.mean(np.concatenate(peaks))),
+  )
+
+
+def measures(layers, source_lengths, target_lengths):
+  """`layer_measures` of each layer's weights: a dict of per-layer lists
+  ('divergence', 'entropy', 'peak')."""
+  per_layer = [
+    layer_measures(w, source_lengths, target_lengths) for w in layers
+  ]
+  return {key: [m[key] for m in per_layer] for key in per_layer[0]}
+
+
+def model_measures(reader, source_ids, target_ids, batch_size=50):
+  """`measures` of a model's cross-attention over many sentence pairs.
+
+  Args:
+    reader: an `attention_maps.CrossAttentionReader` of the model.
+    source_ids, target_ids: the sentences' id lists (EOS included), the
+      targets teacher-forced.
+    batch_size: sentences read at a time.
+
+  Returns:
+    A dict of per-layer lists, as `measures`, averaged over all sentences
+    (each batch weighted by its number of target positions).
+  """
+  totals, weight = None, 0
+  for start in range(0, len(source_ids), batch_size):
+    src = source_ids[start : start + batch_size]
+    tgt = target_ids[start : start + batch_size]
+    batch = measures(
+      reader(src, tgt), [len(s) for s in src], [len(t) for t in tgt]
+    )
+    n = sum(len(t) for t in tgt)
+    if totals is None:
+      totals = {
+        k: [0.0 if x is not None else None for x in v] for k, v in batch.items()
+      }
+    for key, values in batch.items():
+      totals[key] = [
+        None if t is None else t + n * x for t, x in zip(totals[key], values)
+      ]
+    weight += n
+  return {
+    k: [None if t is None else t / weight for t in v] for k, v in totals.items()
+  }
