@@ -255,6 +255,7 @@ class Routes:
         translator.model_fn,
         translator.model.checkpoint,
         model_dir.cross_attention_layers(translator.model.settings),
+        translator.model.settings['max_len'],
       )
     return self._reader
 

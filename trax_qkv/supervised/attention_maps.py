@@ -5,6 +5,7 @@ attention weights that each cross-attention layer's PureAttention keeps
 as its state there (the built-in's does the same).
 """
 
+import jax
 import numpy as np
 from trax import shapes
 
@@ -14,9 +15,17 @@ from trax_qkv.supervised import decoding
 from trax_qkv.supervised import model_dir as model_dir_lib
 from trax_qkv.supervised import translation
 
+_NO_RNG = jax.random.PRNGKey(0)  # 'viz' mode drops nothing
+
 
 class CrossAttentionReader:
   """A 'viz'-mode model whose checkpoint is read once, for many sentences.
+
+  The model runs as one compiled program per shape of the padded (source,
+  target) batch, kept as the decoder keeps its searches; sources and
+  targets are padded to the decoder's length buckets, so that few shapes
+  (and programs) serve all sentences. A sentence of a shape seen before
+  costs one forward pass, not a re-initialization (docs/serving.md).
 
   A Transformer's encoder self-attention also contains a PureAttention
   and comes first in the layer tree; decoder causal attention does not,
@@ -24,27 +33,48 @@ class CrossAttentionReader:
   cross-attention ones.
   """
 
-  def __init__(self, model_fn, weights_file, n_layers):
+  def __init__(self, model_fn, weights_file, n_layers, max_len=None):
+    """`max_len`: the model's longest input (settings['max_len']), the
+    most a bucket pads to."""
     self._model = model_fn(mode='viz')
     self._weights_file, self._n_layers = weights_file, n_layers
+    self._max_len = max_len
     self._weights = None
+    self._states = {}  # input shapes -> the state `init` makes for them
+    self._forward = jax.jit(
+      lambda x, weights, state: self._model.pure_fn(x, weights, state, _NO_RNG)[
+        1
+      ]
+    )
 
   def __call__(self, source_ids, target_ids):
     """Per cross-attention layer, (batch, heads, Lq, Lk) weights of
-    the (source, target) id lists, each padded to the longest."""
+    the (source, target) id lists, Lq and Lk the longest's lengths."""
     model = self._model
-    src = decoding.pad_rows(source_ids, max(len(s) for s in source_ids))
-    tgt = decoding.pad_rows(target_ids, max(len(t) for t in target_ids))
-    signature = shapes.signature((src, tgt))
+    n_src = max(len(s) for s in source_ids)
+    n_tgt = max(len(t) for t in target_ids)
+    src = decoding.pad_rows(
+      source_ids, decoding.bucket_length(n_src, self._max_len)
+    )
+    tgt = decoding.pad_rows(
+      target_ids, decoding.bucket_length(n_tgt, self._max_len)
+    )
+    key = (src.shape, tgt.shape)
     if self._weights is None:
       model.init_from_file(
-        self._weights_file, weights_only=True, input_signature=signature
+        self._weights_file,
+        weights_only=True,
+        input_signature=shapes.signature((src, tgt)),
       )
       self._weights = model.weights
-    else:  # init sets the state's shapes; the weights stay the checkpoint's
-      model.init(signature)
+      self._states[key] = model.state
+    elif key not in self._states:
+      # init sets the state's shapes; the weights stay the checkpoint's.
+      model.init(shapes.signature((src, tgt)))
       model.weights = self._weights
-    model((src, tgt))
+      self._states[key] = model.state
+    # The viz-mode state after the pass holds each PureAttention's weights.
+    model.state = self._forward((src, tgt), self._weights, self._states[key])
     found = []
 
     def walk(layer):
@@ -54,15 +84,15 @@ class CrossAttentionReader:
         walk(sub)
 
     walk(model)
-    return found[-self._n_layers :]
+    return [w[..., :n_tgt, :n_src] for w in found[-self._n_layers :]]
 
 
 def cross_attention_weights(
-  model_fn, weights_file, source_ids, target_ids, n_layers
+  model_fn, weights_file, source_ids, target_ids, n_layers, max_len=None
 ):
   """Per cross-attention layer, (batch, heads, Lq, Lk) weights
   (`CrossAttentionReader`, read once)."""
-  reader = CrossAttentionReader(model_fn, weights_file, n_layers)
+  reader = CrossAttentionReader(model_fn, weights_file, n_layers, max_len)
   return reader(source_ids, target_ids)
 
 
@@ -106,6 +136,7 @@ def for_sentence(model_dir, source, target=None, attention=None):
     model_fn,
     model.checkpoint,
     model_dir_lib.cross_attention_layers(model.settings),
+    model.settings['max_len'],
   )
   return one_map(reader, model.vocab, source_ids, target_ids) + (target,)
 

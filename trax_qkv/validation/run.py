@@ -358,7 +358,7 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
     config, model_fn, checkpoint, corpus, len(corpus.source_ids), 1, log
   )
   beam = beam_search_scores(config, model_fn, checkpoint, corpus, log)
-  n_layers = model_dir.cross_attention_layers(settings)
+  layers = (model_dir.cross_attention_layers(settings), settings['max_len'])
   results = dict(
     scoring.scores(hypotheses, corpus.references, config.bleu_tokenize),
     **{f'beam_{k}': v for k, v in beam.items() if k != 'hypotheses'},
@@ -372,7 +372,7 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
       sum(np.size(w) for w in jax.tree_util.tree_leaves(loop.model.weights))
     ),
     cross_attention_heads=cross_attention_heads(
-      model_fn, checkpoint, corpus, hypotheses, n_layers, log
+      model_fn, checkpoint, corpus, hypotheses, layers, log
     ),
   )
   log(
@@ -395,7 +395,7 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
       corpus,
       hypotheses,
       output_dir,
-      n_layers,
+      layers,
     )
   return results, loop.step_losses, hypotheses
 
@@ -404,14 +404,15 @@ HEAD_SENTENCES = 200  # test sentences whose cross-attention is measured
 
 
 def cross_attention_heads(
-  model_fn, checkpoint, corpus, hypotheses, n_layers, log=print
+  model_fn, checkpoint, corpus, hypotheses, layers, log=print
 ):
   """`head_measures.model_measures` of the cross-attention layers over the
   first `HEAD_SENTENCES` test sentences, teacher-forcing the model's own
-  greedy translations, with the number of sentences."""
+  greedy translations, with the number of sentences. `layers`: (how many
+  cross-attention layers, the model's max_len)."""
   n = min(HEAD_SENTENCES, len(corpus.source_ids))
   log(f'measuring the cross-attention heads on {n} test sentences ...')
-  reader = attention_maps.CrossAttentionReader(model_fn, checkpoint, n_layers)
+  reader = attention_maps.CrossAttentionReader(model_fn, checkpoint, *layers)
   targets = [corpus.vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
   return dict(
     head_measures.model_measures(reader, corpus.source_ids[:n], targets),
@@ -420,22 +421,22 @@ def cross_attention_heads(
 
 
 def draw_attention_maps(
-  config, name, model_fn, checkpoint, corpus, hypotheses, output_dir, n_layers
+  config, name, model_fn, checkpoint, corpus, hypotheses, output_dir, layers
 ):
   """cross_attention_{i}.png of the first `config.heatmap_sentences` test
-  sentences, teacher-forcing the model's own greedy translations; the
-  model has `n_layers` cross-attention layers."""
+  sentences, teacher-forcing the model's own greedy translations; `layers`
+  as for `cross_attention_heads`."""
   n = min(config.heatmap_sentences, len(corpus.source_ids))
   if not n:
     return
   vocab = corpus.vocab
   targets = [vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
-  layers = attention_maps.cross_attention_weights(
-    model_fn, checkpoint, corpus.source_ids[:n], targets, n_layers
+  weights = attention_maps.cross_attention_weights(
+    model_fn, checkpoint, corpus.source_ids[:n], targets, *layers
   )
   for i in range(n):
     report.plot_heatmaps(
-      [w[i] for w in layers],
+      [w[i] for w in weights],
       attention_maps.token_pieces(vocab, corpus.source_ids[i]),
       attention_maps.token_pieces(vocab, targets[i]),
       os.path.join(output_dir, f'cross_attention_{i}.png'),
