@@ -73,6 +73,15 @@ def test_scores_use_sacrebleu():
   )
   with pytest.raises(ValueError, match='1 hypotheses for 2 references'):
     scoring.scores(['x'], ['x', 'y'])
+  # Single words (the numbers corpus's German): sacreBLEU says 0.00 for a
+  # perfect translation; we say undefined, and why.
+  words = scoring.scores(['einundzwanzig', 'neun'], ['einundzwanzig', 'neun'])
+  assert words['bleu'] is None and words['bleu_lowercase'] is None
+  assert 'no translation has 2 or more tokens' in words['bleu_undefined']
+  assert words['chrf'] == pytest.approx(100.0)
+  assert words['exact_match'] == 1.0
+  three = scoring.scores(['a b c'], ['a b c'])
+  assert three['bleu'] is None and 'has 4 or more' in three['bleu_undefined']
 
 
 def test_bad_config_is_rejected_before_any_work(tmp_path):
@@ -145,6 +154,9 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
       assert key in summary[label]
   assert summary['trax']['final_loss'] == summary['reference']['final_loss']
   assert 'Max |difference|' in (out / 'report.md').read_text()
+  assert summary['trax']['step_ms'] > 0
+  assert '| training step, median (ms) |' in (out / 'report.md').read_text()
+  assert 'training time' not in (out / 'report.md').read_text()
   # The same model: the same parameters and the same heads.
   heads = summary['reference']['cross_attention_heads']
   assert heads == summary['trax']['cross_attention_heads']

@@ -31,10 +31,23 @@ def check_bleu_tokenize(tokenize):
     ) from None
 
 
+# Why a BLEU is None: sacreBLEU would say 0.00 for perfect translations.
+BLEU_UNDEFINED = (
+  'BLEU is undefined: no translation has {n} or more tokens, so its '
+  'geometric mean of 1- to 4-gram precisions has no {n}-gram term; exact '
+  'match and chrF measure them'
+)
+
+
 def scores(hypotheses, references, tokenize='13a'):
   """sacreBLEU BLEU (cased, lowercased) and chrF with their signatures, and
   exact match (`hypotheses` and `references`: one string per sentence;
-  `tokenize`: sacreBLEU's BLEU tokenizer)."""
+  `tokenize`: sacreBLEU's BLEU tokenizer).
+
+  A BLEU is None, and 'bleu_undefined' says why, where the translations
+  have no n-grams of an order BLEU multiplies in (single-word targets,
+  as the numbers corpus's German ones).
+  """
   if len(hypotheses) != len(references):
     raise ValueError(
       f'{len(hypotheses)} hypotheses for {len(references)} references.'
@@ -45,13 +58,20 @@ def scores(hypotheses, references, tokenize='13a'):
       np.mean([h == r for h, r in zip(hypotheses, references)])
     )
   }
-  # chrF: on single-word targets (German number words) BLEU has no 2- to
-  # 4-grams to match and is 0 even for perfect output.
   for name, metric in (
     ('bleu', BLEU(tokenize=tokenize)),
     ('bleu_lowercase', BLEU(tokenize=tokenize, lowercase=True)),
     ('chrf', CHRF()),
   ):
-    out[name] = metric.corpus_score(hypotheses, [references]).score
+    result = metric.corpus_score(hypotheses, [references])
+    out[name] = result.score
     out[f'{name}_signature'] = str(metric.get_signature())
+    missing = [
+      n + 1
+      for n, total in enumerate(getattr(result, 'totals', []))
+      if not total
+    ]
+    if missing:
+      out[name] = None
+      out['bleu_undefined'] = BLEU_UNDEFINED.format(n=missing[0])
   return out

@@ -206,9 +206,7 @@ def render_report(summary, labels):
     ('eval loss', 'eval_loss', '{:.4f}'),
     ('eval token accuracy', 'eval_accuracy', '{:.4f}'),
     ('parameters', 'parameters', '{:,}'),
-    ('training time (s)', 'train_seconds', '{:.1f}'),
-    ('greedy decoding time (s)', 'decode_seconds', '{:.1f}'),
-    ('beam search time (s)', 'beam_seconds', '{:.1f}'),
+    ('training step, median (ms)', 'step_ms', '{:.1f}'),
   ]
   c = summary['config']
   lines = [
@@ -268,6 +266,20 @@ def render_report(summary, labels):
     + '`, chrF `'
     + first['chrf_signature']
     + '`.',
+  ]
+  undefined = {
+    summary[label].get(key)
+    for label in labels
+    for key in ('bleu_undefined', 'beam_bleu_undefined')
+  } - {None}
+  lines += [f'n/a BLEU: {reason}.' for reason in sorted(undefined)]
+  lines += [
+    '',
+    'Training step: the median wall time of a step, so that what is paid '
+    'once (compiling, the first batches) does not count; both models are '
+    'timed the same way. What the layers cost: `trax-qkv-bench`. The '
+    'decoding times in summary.json include compiling the search, which '
+    'a model after the first may find in the compilation cache.',
   ]
   if 'max_loss_diff' in summary:
     lines += [

@@ -76,6 +76,14 @@ class RecordingLoop(checkpointing.ResumableLoop):
     return sum(seconds) if len(seconds) >= self.step else None
 
   @property
+  def median_step_seconds(self):
+    """The median wall time of a step over every (resumed) run: what is
+    paid once (compiling, warming the data pipeline) and the evals and
+    checkpoints between steps do not move it; None without step times."""
+    seconds = [s for _, s in self.history.get('train', STEP_SECONDS)]
+    return float(np.median(seconds)) if seconds else None
+
+  @property
   def step_losses(self):
     return [loss for _, loss in self.history.get('train', STEP_LOSS)]
 
@@ -366,6 +374,11 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
     eval_loss=_eval_metric(loop, 'WeightedCategoryCrossEntropy'),
     eval_accuracy=_eval_metric(loop, 'WeightedCategoryAccuracy'),
     train_seconds=seconds,
+    step_ms=(
+      None
+      if loop.median_step_seconds is None
+      else 1000 * loop.median_step_seconds
+    ),
     decode_seconds=decode_seconds,
     attention=settings[model_dir.ATTENTION],
     parameters=int(
