@@ -69,7 +69,29 @@ def run(command, argv=None):
     return launcher.launch_local(command, rest, n)
   with quiet_imports('--verbose' in argv):
     module = importlib.import_module(f'trax_qkv.cli.{command}')
-  return module.main(argv)
+  from trax_qkv import files
+
+  try:
+    status = module.main(argv)
+    try:
+      sys.stdout.flush()  # output redirected to a full disk fails here
+    except OSError as e:
+      raise OSError(e.errno, e.strerror, 'standard output') from e
+  except Exception as e:
+    # A file the command writes (or reads) failed it mid-run: a full disk,
+    # a quota, a directory made read-only or removed. What it wrote before
+    # is whole (files.atomic_path, atomic checkpoints).
+    cause = files.write_error(e)
+    if cause is None:
+      raise
+    print(f'error: {cause}', file=sys.stderr)
+    try:
+      sys.stdout.flush()
+    except OSError:  # else Python's exit flushes it again, and fails
+      with contextlib.suppress(OSError):
+        sys.stdout.close()
+    return 1
+  return status
 
 
 # The console_scripts of setup.cfg, one per module of trax_qkv.cli.

@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import stat
+import sys
 import tempfile
 
 
@@ -24,6 +25,9 @@ import tempfile
 def atomic_path(path):
   """Yields a temporary path beside `path`; when the block ends without an
   exception it is renamed onto `path`, else removed.
+
+  An OSError that names no file (a write to a full disk) is raised again
+  naming `path`.
 
   Args:
     path: the file to write (its directory must exist).
@@ -34,6 +38,10 @@ def atomic_path(path):
   try:
     yield tmp
     os.replace(tmp, path)
+  except OSError as e:
+    if e.filename is not None:
+      raise
+    raise OSError(e.errno, e.strerror, path) from e
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
@@ -124,3 +132,23 @@ def locked(directory, name):
     yield fd
   finally:
     os.close(fd)  # closing drops the lock
+
+
+def write_error(error):
+  """What went wrong, in one line, if `error` is a failed file operation
+  (a full disk, a quota, a read-only or vanished directory: an OSError, or
+  TensorFlow's file system error, which Trax's checkpoint writer raises);
+  else None.
+
+  TensorFlow is not imported here: where it is not loaded, none of its
+  errors can have been raised.
+  """
+  if isinstance(error, OSError):
+    if error.filename is None:
+      return str(error)
+    return f'{error.strerror or error}: {error.filename}'
+  tf = sys.modules.get('tensorflow')
+  op_error = getattr(getattr(tf, 'errors', None), 'OpError', None)
+  if op_error is not None and isinstance(error, op_error):
+    return ' '.join(str(error.message).split())
+  return None

@@ -297,15 +297,26 @@ def test_training_reports_progress_between_evals(tmp_path):
   assert lines[-1].startswith('training: 10/10 (') and ', loss ' in lines[-1]
 
 
+def _no_space(kind):
+  if kind == 'tensorflow':  # what Trax's writer (tf.io.gfile) raises
+    import tensorflow as tf
+
+    return tf.errors.ResourceExhaustedError(
+      None, None, 'model.weights.npy.gz._tmp_; No space left on device'
+    )
+  return OSError(errno.ENOSPC, 'No space left on device')
+
+
+@pytest.mark.parametrize('kind', ['python', 'tensorflow'])
 def test_disk_full_while_writing_keeps_the_previous_checkpoint(
-  tmp_path, monkeypatch
+  tmp_path, monkeypatch, kind
 ):
   loop = _tiny_loop(tmp_path)
   loop.run(2)
   at_step_2 = _weights(loop)
 
   def disk_full(*args, **kwargs):
-    raise OSError(errno.ENOSPC, 'No space left on device')
+    raise _no_space(kind)
 
   monkeypatch.setattr(trax_training, 'pickle_to_file', disk_full)
   with pytest.raises(

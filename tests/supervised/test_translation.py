@@ -1,6 +1,8 @@
 """After training: translate, attention maps; and the faults around runs
 (a busy output directory, an unknown data set, a vocabulary too small)."""
 
+import errno
+import io
 import json
 import os
 import pty
@@ -244,6 +246,38 @@ def test_translate_errors(tiny_run, tmp_path, capsys):
       ['--model_dir', str(out / 'reference'), '--attention', 'auto', 'one']
     )
   assert 'must be SITE=NAME' in capsys.readouterr().err
+
+
+def test_a_full_disk_is_one_error_line(tiny_run, tmp_path, monkeypatch, capfd):
+  """Through the console entry point, as a user runs the commands."""
+  from matplotlib.figure import Figure
+
+  import _trax_qkv_cli
+
+  _, out, _, _ = tiny_run
+  model = str(out / 'reference')
+
+  class FullDisk(io.StringIO):
+    def write(self, text):
+      raise OSError(errno.ENOSPC, 'No space left on device')
+
+  with monkeypatch.context() as patch:
+    patch.setattr(sys, 'stdout', FullDisk())
+    assert _trax_qkv_cli.run('translate', ['--model_dir', model, 'one']) == 1
+  err = capfd.readouterr().err.strip().splitlines()
+  assert err[-1] == 'error: No space left on device: standard output'
+  assert not any('Traceback' in line for line in err)
+
+  def no_space(*args, **kwargs):  # a write to a full disk names no file
+    raise OSError(errno.ENOSPC, 'No space left on device')
+
+  monkeypatch.setattr(Figure, 'savefig', no_space)
+  png = tmp_path / 'maps' / 'map.png'
+  argv = ['--model_dir', model, '--source', 'one', '--output', str(png)]
+  assert _trax_qkv_cli.run('attention_map', argv) == 1
+  err = capfd.readouterr().err.strip().splitlines()
+  assert err == [f'error: No space left on device: {png}']
+  assert os.listdir(png.parent) == []  # no half-written file, no temporary
 
 
 @pytest.mark.slow

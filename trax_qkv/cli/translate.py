@@ -103,12 +103,21 @@ def main(argv=None):
       max_length=args.max_length,
       log=lambda line: print(line, file=sys.stderr),
     ):
-      print(line, flush=True)  # a line as soon as its chunk is done
+      _print(line)  # a line as soon as its chunk is done
   except ValueError as e:
     sys.stdout.flush()
     print(f'error: {e}', file=sys.stderr)
     return 2
   return 0
+
+
+def _print(line):
+  """Prints a translation now; a failed write (a full disk under `>
+  file`) raises naming standard output."""
+  try:
+    print(line, flush=True)
+  except OSError as e:
+    raise OSError(e.errno, e.strerror, 'standard output') from e
 
 
 def _interactive(args, attention, translation):
@@ -135,7 +144,7 @@ def _interactive(args, attention, translation):
       except ValueError as e:
         print(f'error: {e}', file=sys.stderr, flush=True)
         continue
-      print(out, flush=True)
+      _print(out)
   except KeyboardInterrupt:
     print(file=sys.stderr)
     return 130

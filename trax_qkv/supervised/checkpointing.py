@@ -30,6 +30,7 @@ from trax.data import inputs as trax_inputs
 from trax.supervised import training
 
 from trax_qkv import checkpoint_files
+from trax_qkv import files
 from trax_qkv.supervised import data_parallel
 from trax_qkv.supervised import distributed
 from trax_qkv.supervised.progress import Progress
@@ -310,11 +311,14 @@ class ResumableLoop(training.Loop):
           os.fsync(f.fileno())
       _fsync_dir(staging)
       os.rename(staging, os.path.join(output_dir, _COMMITTED.format(basename)))
-    except OSError as e:  # the commit (rename) did not happen
+    except Exception as e:  # the commit (rename) did not happen
+      cause = files.write_error(e)
+      if cause is None:
+        raise
       shutil.rmtree(staging, ignore_errors=True)
       raise CheckpointWriteError(
         f'could not write the checkpoint of step {self.step} to '
-        f'{output_dir}: {e}. The checkpoint there (step '
+        f'{output_dir}: {cause}. The checkpoint there (step '
         f'{checkpoint_step(output_dir, basename)}) is untouched, and '
         'running the same command again resumes from it.'
       ) from e
