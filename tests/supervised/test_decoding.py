@@ -227,6 +227,28 @@ def test_beam_log_probs_are_the_models(checkpoint):
     np.testing.assert_allclose(log_prob, float(expected), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize('n_beams', [1, 3])
+def test_a_row_is_decoded_alike_whatever_its_neighbours(checkpoint, n_beams):
+  """What docs/serving.md promises: within one program shape, another
+  row's sentence, or another row, changes nothing of a sentence's
+  translation (beam search: nor its score), bit for bit."""
+  path, _ = checkpoint
+  decoder = decoding.Decoder(
+    functools.partial(_model_fn, 'reference'), path, n_beams
+  )
+  sentence, *others = _sources(15, seed=5)
+  width = max(len(s) for s in [sentence, *others])
+
+  def decoded_at(row, neighbours):
+    rows = neighbours[:row] + [sentence] + neighbours[row:]
+    batch = decoding.pad_rows(rows, width)
+    return decoder.decode_batch(batch, len(rows), 10, n_beams > 1)[row]
+
+  first = decoded_at(0, others[:7])
+  assert decoded_at(5, others[7:][::-1]) == first
+  assert decoded_at(7, others[3:10]) == first
+
+
 def test_batches_are_padded_to_few_lengths(monkeypatch):
   lengths = [3, 30, 9, 5, 17, 2, 11, 8, 25, 4, 6]
   plan = decoding.plan_batches(lengths, 2)

@@ -14,6 +14,12 @@ chunk as soon as it is done; progress goes to standard error.
 On a terminal (or with --interactive, for a program writing to a pipe)
 it translates line by line: the model is loaded once, each line's
 translation is printed as soon as it is decoded, and Ctrl-D ends.
+
+The same input with the same options gives the same output. Other lines
+choose the batches' shape (rows, padding); where two next tokens score
+equal to float32 rounding, another shape may choose the other, so adding
+a line can change another's translation there. A sentence translated
+alone depends on nothing else (docs/serving.md).
 """
 
 import argparse
