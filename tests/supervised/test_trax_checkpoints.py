@@ -139,6 +139,22 @@ def test_the_trainer_lib_checkpoint_holds_what_the_allow_list_names(written):
   assert values.default_factory is list
 
 
+def test_the_plain_baseline_is_trax_own_reading(tmp_path):
+  """READINGS' 'plain' is Trax's reading, not ours under another name:
+  its modules read with the standard `pickle`, and a checkpoint holding
+  an object outside our allow-list loads there and is refused outside."""
+  path = str(tmp_path / 'odd.pkl.gz')
+  with gzip.open(path, 'wb') as f:
+    pickle.dump({'step': 1, 'odd': types.SimpleNamespace(a=1)}, f)
+  with patches.trax_checkpoint_reading():
+    for module in patches._CHECKPOINT_READERS:
+      assert module.pickle is pickle
+    assert tl.np_from_file.__module__ == 'trax.layers.base'
+    assert trax_training.unpickle_from_file(path, gzip=True)['odd'].a == 1
+  with pytest.raises(checkpoint_files.UnsafeCheckpointError):
+    trax_training.unpickle_from_file(path, gzip=True)
+
+
 @pytest.mark.parametrize('writer', ['trainer_lib', 'loop'])
 @pytest.mark.parametrize('weights_only', [True, False])
 def test_init_from_file_loads_as_trax_does(written, writer, weights_only):
