@@ -29,6 +29,7 @@ import _trax_qkv_cli
 import _trax_qkv_launcher as launcher
 from trax_qkv import checkpoint_files
 from trax_qkv.supervised import checkpointing
+from trax_qkv.supervised import distributed
 
 train_script = command('train')
 validate_script = command('validate')
@@ -238,10 +239,9 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
     assert time.time() < deadline
     time.sleep(0.05)
   other.send_signal(signal.SIGKILL)
-  killed = time.time()
   assert other.wait() == -signal.SIGKILL
+  # It stops on the missed heartbeat (the line says so), not on a hang.
   assert chief.wait(timeout=HEARTBEAT + 60) == 1
-  assert time.time() - killed < HEARTBEAT + 30
   errors = [
     line
     for line in (logs / 'process0.log').read_text().splitlines()
@@ -249,6 +249,7 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
   ]
   assert len(errors) == 1, errors
   assert 'process 1 of 2' in errors[0]
+  assert f'sent no heartbeat for {HEARTBEAT} s' in errors[0]
   assert 'start the same 2 processes again to resume' in errors[0]
   # The chief kept its last complete checkpoint.
   kept = checkpointing.checkpoint_step(str(resumed))
@@ -345,7 +346,8 @@ def test_unreachable_coordinator_is_one_line(tmp_path, capsys):
     + ['--process_id', '1', '--initialization_timeout', '2'],
     capsys,
   )
-  assert time.time() - start < 30
+  # The flag's 2 s, not the default 300 s, however slow the machine.
+  assert time.time() - start < distributed.DEFAULT_INITIALIZATION_TIMEOUT / 2
   assert error.count('\n') == 1
   assert 'did not answer within 2 s' in error
   assert not out.exists()

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 from helpers import CONFIGS
 from helpers import TINY_MODEL
@@ -705,8 +706,16 @@ def test_data_preparation_waits_for_the_data_dir_lock(tmp_path):
       )
     )
     worker.start()
-    worker.join(3)
-    assert worker.is_alive() and not done
+    # Wait until the worker is blocked in the lock (not merely slow).
+    lock_code = files.locked.__wrapped__.__code__
+    deadline = time.time() + 120
+    while True:
+      frame = sys._current_frames().get(worker.ident)
+      if frame is not None and frame.f_code is lock_code:
+        break
+      assert worker.is_alive() and time.time() < deadline
+      time.sleep(0.01)
+    assert not done  # and, while the holder holds it, cannot pass it
     assert not os.path.exists(tmp_path / 'trax_qkv_vocabs')
   finally:
     holder.kill()

@@ -267,9 +267,18 @@ def test_sigterm_answers_the_requests_in_flight_and_exits_0(server, model_dir):
     {'sentences': s, 'beam': 3, 'alpha': 0.3} for s in (_sentences(3, 7),
                                                          _sentences(2, 8))
   ]  # fmt: skip
+
+  def received():
+    return json.loads(server.get('/health'))['requests']
+
+  before = received()
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     answers = [pool.submit(server.post, '/translate', b) for b in bodies]
-    time.sleep(1.0)
+    deadline = time.time() + 120
+    while received() < before + 2:  # both taken by the server
+      assert time.time() < deadline, 'the server took no requests in 120 s'
+      time.sleep(0.01)
+    assert not any(a.done() for a in answers)  # and not yet answered
     server.process.send_signal(signal.SIGTERM)
     results = [a.result() for a in answers]
   assert server.process.wait(120) == 0
