@@ -202,26 +202,54 @@ def _weights(loop):
   return [np.asarray(w) for w in jax.tree_util.tree_leaves(loop.model.weights)]
 
 
-def test_kill_while_writing_keeps_the_previous_checkpoint(
-  tmp_path, monkeypatch
-):
-  loop = _tiny_loop(tmp_path)
-  loop.run(2)
-  at_step_2 = _weights(loop)
+_KILLED_WHILE_WRITING = """
+import os, sys, time
+sys.path[:0] = [os.path.join(os.getcwd(), 'tests'),
+                os.path.join(os.getcwd(), 'tests', 'supervised')]
+from trax.supervised import training as trax_training
+import test_resume
+out, marker = sys.argv[1:]
+loop = test_resume._tiny_loop(out)
+loop.run(2)
+def slow_write(*args, **kwargs):  # weights and slots are written by now
+  open(marker, 'w').close()
+  time.sleep(600)
+trax_training.pickle_to_file = slow_write
+loop.run(1)
+"""
 
-  def killed(*args, **kwargs):  # dies after weights and slots were written
-    raise SystemExit('killed while writing the checkpoint')
 
-  monkeypatch.setattr(trax_training, 'pickle_to_file', killed)
-  with pytest.raises(SystemExit):
-    loop.run(1)
-  monkeypatch.undo()
-  assert checkpointing.checkpoint_step(str(tmp_path)) == 2
-  restarted = _tiny_loop(tmp_path)
+def test_sigkill_while_writing_keeps_the_previous_checkpoint(tmp_path):
+  """A real SIGKILL inside the write of step 3's checkpoint (after its
+  weights and slots, before its metadata): no cleanup runs. The restart
+  finds step 2's checkpoint whole, as a run stopped there has it, and
+  clears the staging. (That the run then trains on exactly, data
+  included, is the killed-command tests' above.)"""
+  out, marker = tmp_path / 'out', tmp_path / 'writing'
+  process = subprocess.Popen(
+    [sys.executable, '-c', _KILLED_WHILE_WRITING, str(out), str(marker)],
+    cwd=ROOT,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  deadline = time.time() + 300
+  while not marker.exists():
+    assert process.poll() is None and time.time() < deadline
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  assert process.wait() == -signal.SIGKILL
+  assert '.model.staging' in os.listdir(out)  # the write, cut short
+  assert checkpointing.checkpoint_step(str(out)) == 2
+  restarted = _tiny_loop(out)
   assert restarted.step == 2
-  for a, b in zip(at_step_2, _weights(restarted)):
+  straight = _tiny_loop(tmp_path / 'straight')
+  straight.run(2)
+  for a, b in zip(_weights(straight), _weights(restarted)):
     assert np.array_equal(a, b)
-  assert not [n for n in os.listdir(tmp_path) if n.startswith('.')]
+  assert np.array_equal(np.asarray(straight._rng), np.asarray(restarted._rng))
+  restarted.run(1)  # and writes step 3 over the remains
+  assert checkpointing.checkpoint_step(str(out)) == 3
+  assert not [n for n in os.listdir(out) if n.startswith('.')]
 
 
 def test_kill_after_commit_is_completed_on_restart(tmp_path, monkeypatch):
