@@ -272,7 +272,7 @@ def render_report(summary, labels):
     for label in labels
     for key in ('bleu_undefined', 'beam_bleu_undefined')
   } - {None}
-  lines += [f'n/a BLEU: {reason}.' for reason in sorted(undefined)]
+  lines += [line for reason in sorted(undefined) for line in ('', f'{reason}.')]
   lines += [
     '',
     'Training step: the median wall time of a step, so that what is paid '
