@@ -366,7 +366,13 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
     config, model_fn, checkpoint, corpus, len(corpus.source_ids), 1, log
   )
   beam = beam_search_scores(config, model_fn, checkpoint, corpus, log)
-  layers = (model_dir.cross_attention_layers(settings), settings['max_len'])
+  # One viz-mode model for the head measures and the maps.
+  reader = attention_maps.CrossAttentionReader(
+    model_fn,
+    checkpoint,
+    model_dir.cross_attention_layers(settings),
+    settings['max_len'],
+  )
   results = dict(
     scoring.scores(hypotheses, corpus.references, config.bleu_tokenize),
     **{f'beam_{k}': v for k, v in beam.items() if k != 'hypotheses'},
@@ -385,7 +391,7 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
       sum(np.size(w) for w in jax.tree_util.tree_leaves(loop.model.weights))
     ),
     cross_attention_heads=cross_attention_heads(
-      model_fn, checkpoint, corpus, hypotheses, layers, log
+      reader, corpus, hypotheses, log
     ),
   )
   log(
@@ -400,58 +406,50 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
     beam.get('hypotheses', []),
   )
   if draw_maps:
-    draw_attention_maps(
-      config,
-      name,
-      model_fn,
-      checkpoint,
-      corpus,
-      hypotheses,
-      output_dir,
-      layers,
-    )
+    draw_attention_maps(config, name, reader, corpus, hypotheses, output_dir)
   return results, loop.step_losses, hypotheses
 
 
 HEAD_SENTENCES = 200  # test sentences whose cross-attention is measured
+HEAD_BATCH = 50  # of them at a time
 
 
-def cross_attention_heads(
-  model_fn, checkpoint, corpus, hypotheses, layers, log=print
-):
-  """`head_measures.model_measures` of the cross-attention layers over the
-  first `HEAD_SENTENCES` test sentences, teacher-forcing the model's own
-  greedy translations, with the number of sentences. `layers`: (how many
-  cross-attention layers, the model's max_len)."""
+def _targets(corpus, hypotheses, n):
+  """The first `n` greedy translations as ids to teacher-force, EOS last."""
+  return [corpus.vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
+
+
+def cross_attention_heads(reader, corpus, hypotheses, log=print):
+  """`head_measures.model_measures` of the cross-attention layers (read by
+  `reader`, an `attention_maps.CrossAttentionReader`) over the first
+  `HEAD_SENTENCES` test sentences, teacher-forcing the model's own greedy
+  translations, with the number of sentences."""
   n = min(HEAD_SENTENCES, len(corpus.source_ids))
   log(f'measuring the cross-attention heads on {n} test sentences ...')
-  reader = attention_maps.CrossAttentionReader(model_fn, checkpoint, *layers)
-  targets = [corpus.vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
   return dict(
-    head_measures.model_measures(reader, corpus.source_ids[:n], targets),
+    head_measures.model_measures(
+      reader, corpus.source_ids[:n], _targets(corpus, hypotheses, n),
+      HEAD_BATCH,
+    ),
     sentences=n,
-  )
+  )  # fmt: skip
 
 
-def draw_attention_maps(
-  config, name, model_fn, checkpoint, corpus, hypotheses, output_dir, layers
-):
+def draw_attention_maps(config, name, reader, corpus, hypotheses, output_dir):
   """cross_attention_{i}.png of the first `config.heatmap_sentences` test
-  sentences, teacher-forcing the model's own greedy translations; `layers`
-  as for `cross_attention_heads`."""
+  sentences, teacher-forcing the model's own greedy translations."""
   n = min(config.heatmap_sentences, len(corpus.source_ids))
   if not n:
     return
-  vocab = corpus.vocab
-  targets = [vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
-  weights = attention_maps.cross_attention_weights(
-    model_fn, checkpoint, corpus.source_ids[:n], targets, *layers
-  )
+  # Read as the head measures' first batch: the same shape, no new program.
+  m = max(n, min(HEAD_BATCH, HEAD_SENTENCES, len(corpus.source_ids)))
+  targets = _targets(corpus, hypotheses, m)
+  weights = reader(corpus.source_ids[:m], targets)
   for i in range(n):
     report.plot_heatmaps(
       [w[i] for w in weights],
-      attention_maps.token_pieces(vocab, corpus.source_ids[i]),
-      attention_maps.token_pieces(vocab, targets[i]),
+      attention_maps.token_pieces(corpus.vocab, corpus.source_ids[i]),
+      attention_maps.token_pieces(corpus.vocab, targets[i]),
       os.path.join(output_dir, f'cross_attention_{i}.png'),
       f'{name}: "{corpus.sources[i]}" -> "{hypotheses[i]}"',
     )
