@@ -21,6 +21,7 @@ anything: they are different models.
 """
 
 from jax import numpy as jnp
+from trax import fastmath
 from trax.layers import attention as trax_attention
 from trax.layers import base
 from trax.layers import combinators as cb
@@ -50,7 +51,7 @@ class SharedDense(base.Layer):
 
   def init_weights_and_state(self, input_signature):
     shape_w = (input_signature[0].shape[-1], self._n_units)
-    rng_w, rng_b = base.fastmath.random.split(self.rng, 2)
+    rng_w, rng_b = fastmath.random.split(self.rng, 2)
     self.weights = (
       self._kernel_init(shape_w, rng_w),
       self._bias_init((self._n_units,), rng_b),
