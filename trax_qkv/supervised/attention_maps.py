@@ -15,8 +15,6 @@ from trax_qkv.supervised import decoding
 from trax_qkv.supervised import model_dir as model_dir_lib
 from trax_qkv.supervised import translation
 
-_NO_RNG = jax.random.PRNGKey(0)  # 'viz' mode drops nothing
-
 
 class CrossAttentionReader:
   """A 'viz'-mode model whose checkpoint is read once, for many sentences.
@@ -41,10 +39,12 @@ class CrossAttentionReader:
     self._max_len = max_len
     self._weights = None
     self._states = {}  # input shapes -> the state `init` makes for them
+    # 'viz' mode drops nothing. The key is made when traced, not at import:
+    # that would start JAX's backend before jax.distributed could.
     self._forward = jax.jit(
-      lambda x, weights, state: self._model.pure_fn(x, weights, state, _NO_RNG)[
-        1
-      ]
+      lambda x, weights, state: self._model.pure_fn(
+        x, weights, state, jax.random.PRNGKey(0)
+      )[1]
     )
 
   def __call__(self, source_ids, target_ids):
