@@ -329,8 +329,8 @@ def test_use_attention_rejects_unknown_names_before_building():
   with pytest.raises(
     ValueError,
     match='causal_attention implementation must '
-    r"be one of \('auto', 'chunked', 'cudnn', 'fused', "
-    r"'reference', 'trax'\)",
+    r"be one of \('auto', 'chunked', 'cudnn', 'fused', 'no_projection', "
+    r"'one_head', 'reference', 'shared_projection', 'trax'\)",
   ):
     with trax_qkv.use_attention(causal_attention='nope'):
       raise AssertionError('the block must not run')
