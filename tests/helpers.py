@@ -37,6 +37,15 @@ TINY_TRANSFORMER = dict(
   n_heads=4,
   max_len=32,
 )
+
+
+def walk_layers(layer):
+  """`layer` and every sublayer under it, depth first."""
+  yield layer
+  for sub in layer.sublayers:
+    yield from walk_layers(sub)
+
+
 TINY_LM = dict(d_model=16, d_ff=32, n_layers=2, n_heads=4, max_len=32)
 
 

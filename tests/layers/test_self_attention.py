@@ -9,6 +9,7 @@ import gin
 from helpers import TINY_LM
 from helpers import TINY_TRANSFORMER
 from helpers import assert_trees_equal
+from helpers import walk_layers
 import hypothesis
 import hypothesis.strategies as st
 import jax
@@ -287,17 +288,11 @@ def test_use_attention_selects_each_site_alone():
   assert _plugin_layer_names(trax.models.TransformerLM(mode='eval', **LM)) == []
 
 
-def _walk(layer):
-  yield layer
-  for sub in layer.sublayers:
-    yield from _walk(sub)
-
-
 def _count_ours(model, name):
   return sum(
     type(layer).__name__ == name
     and type(layer).__module__.startswith('trax_qkv')
-    for layer in _walk(model)
+    for layer in walk_layers(model)
   )
 
 

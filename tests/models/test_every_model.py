@@ -8,6 +8,7 @@ import unittest
 
 import gin
 from helpers import assert_trees_equal
+from helpers import walk_layers
 import jax
 import numpy as np
 import pytest
@@ -91,16 +92,10 @@ def _pair(name, mode, dropout=0.0):
   return builtin, plugin
 
 
-def _walk(layer):
-  yield layer
-  for sub in layer.sublayers:
-    yield from _walk(sub)
-
-
 def _kinds(model, package):
   return {
     type(layer).__name__
-    for layer in _walk(model)
+    for layer in walk_layers(model)
     if type(layer).__module__.split('.')[0] == package
   }
 

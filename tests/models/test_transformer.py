@@ -7,6 +7,7 @@ import tempfile
 import gin
 from helpers import TINY_TRANSFORMER
 from helpers import assert_trees_equal
+from helpers import walk_layers
 import jax
 import numpy as np
 import pytest
@@ -52,11 +53,12 @@ def _count(layer, cls_name):
 def test_only_cross_attention_is_replaced():
   builtin, plugin = _models('eval')
   assert not any(
-    type(layer).__module__.startswith('trax_qkv') for layer in _walk(builtin)
+    type(layer).__module__.startswith('trax_qkv')
+    for layer in walk_layers(builtin)
   )
   plugin_layers = [
     layer
-    for layer in _walk(plugin)
+    for layer in walk_layers(plugin)
     if type(layer).__module__.startswith('trax_qkv')
   ]
   # One CheckedSerial + one PureAttention per decoder layer; nothing else.
@@ -67,12 +69,6 @@ def test_only_cross_attention_is_replaced():
   assert _count(plugin, 'DotProductCausalAttention') == _count(
     builtin, 'DotProductCausalAttention'
   )
-
-
-def _walk(layer):
-  yield layer
-  for sub in layer.sublayers:
-    yield from _walk(sub)
 
 
 @pytest.mark.slow
@@ -264,7 +260,7 @@ def test_gin_binding_switches_existing_transformer_config():
     model = trax.models.Transformer(mode='eval')
     ours = [
       type(layer).__name__
-      for layer in _walk(model)
+      for layer in walk_layers(model)
       if type(layer).__module__ == 'trax_qkv.layers.attention'
     ]
     assert sorted(ours) == ['CheckedSerial', 'PureAttention']
@@ -273,7 +269,8 @@ def test_gin_binding_switches_existing_transformer_config():
   # Without the binding the built-in layer comes back.
   model = trax.models.Transformer(VOCAB, mode='eval', **CONFIG)
   assert not any(
-    type(layer).__module__.startswith('trax_qkv') for layer in _walk(model)
+    type(layer).__module__.startswith('trax_qkv')
+    for layer in walk_layers(model)
   )
 
 
@@ -307,13 +304,14 @@ def test_use_attention_scopes_every_transformer_built_inside():
   outside = trax.models.Transformer(VOCAB, mode='eval', **CONFIG)
   fused = [
     layer
-    for layer in _walk(inside)
+    for layer in walk_layers(inside)
     if isinstance(layer, trax_qkv.PureAttention)
   ]
   assert len(fused) == CONFIG['n_decoder_layers']
   assert all(layer._implementation == 'fused' for layer in fused)
   assert not any(
-    type(layer).__module__.startswith('trax_qkv') for layer in _walk(outside)
+    type(layer).__module__.startswith('trax_qkv')
+    for layer in walk_layers(outside)
   )
   with pytest.raises(ValueError, match="got 'nope'"):
     with trax_qkv.use_attention(cross_attention='nope'):

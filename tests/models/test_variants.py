@@ -2,6 +2,8 @@
 `trax_qkv.models.variants`): real models that train and decode, never
 chosen unless named; and the head measures they are compared by."""
 
+from helpers import TINY_TRANSFORMER
+from helpers import walk_layers
 import jax
 import numpy as np
 import pytest
@@ -21,26 +23,12 @@ RNG = jax.random.PRNGKey(0)
 def _transformer(name, mode):
   with trax_qkv.use_attention(**dict.fromkeys(registry.SITES, name)):
     return trax.models.Transformer(
-      VOCAB,
-      d_model=16,
-      d_ff=32,
-      n_encoder_layers=1,
-      n_decoder_layers=1,
-      n_heads=4,
-      max_len=16,
-      dropout=0.0,
-      mode=mode,
+      VOCAB, mode=mode, dropout=0.0, **TINY_TRANSFORMER
     )
 
 
-def _walk(layer):
-  yield layer
-  for sub in layer.sublayers:
-    yield from _walk(sub)
-
-
 def _of_kind(model, kind):
-  return [layer for layer in _walk(model) if type(layer).__name__ == kind]
+  return [layer for layer in walk_layers(model) if type(layer).__name__ == kind]
 
 
 def _batch():
@@ -60,7 +48,12 @@ def test_variant_in_every_site_trains_and_decodes_as_it_evaluates(
   heads = {layer._n_heads for layer in _of_kind(model, 'PureAttention')}
   assert heads == ({1} if name == 'one_head' else {4})
   shared = len(_of_kind(model, 'SharedDense'))
-  assert shared == (3 if name == 'shared_projection' else 0)
+  # Every site: the encoder's self-, the decoder's causal and cross-attention.
+  sites = (
+    TINY_TRANSFORMER['n_encoder_layers']
+    + 2 * (TINY_TRANSFORMER['n_decoder_layers'])
+  )
+  assert shared == (sites if name == 'shared_projection' else 0)
   w, s = model.init(shapes.signature((src, tgt, tgt)), rng=RNG)
 
   def loss(weights):

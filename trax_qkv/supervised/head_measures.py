@@ -109,23 +109,17 @@ def model_measures(reader, source_ids, target_ids, batch_size=50):
     A dict of per-layer lists, as `measures`, averaged over all sentences
     (each batch weighted by its number of target positions).
   """
-  totals, weight = None, 0
+  per_batch, rows = [], []
   for start in range(0, len(source_ids), batch_size):
     src = source_ids[start : start + batch_size]
     tgt = target_ids[start : start + batch_size]
-    batch = measures(
-      reader(src, tgt), [len(s) for s in src], [len(t) for t in tgt]
-    )
-    n = sum(len(t) for t in tgt)
-    if totals is None:
-      totals = {
-        k: [0.0 if x is not None else None for x in v] for k, v in batch.items()
-      }
-    for key, values in batch.items():
-      totals[key] = [
-        None if t is None else t + n * x for t, x in zip(totals[key], values)
-      ]
-    weight += n
+    lengths = [len(s) for s in src], [len(t) for t in tgt]
+    per_batch.append(measures(reader(src, tgt), *lengths))
+    rows.append(sum(lengths[1]))
   return {
-    k: [None if t is None else t / weight for t in v] for k, v in totals.items()
+    key: [
+      None if values[0] is None else float(np.average(values, weights=rows))
+      for values in zip(*(batch[key] for batch in per_batch))
+    ]
+    for key in per_batch[0]
   }

@@ -117,23 +117,13 @@ def plot_side_by_side(maps, path, title):
   for r, (name, layer, weights) in enumerate(rows):
     src, tgt = tokens[name]
     for h in range(columns):
-      ax = axes[r][h]
-      if h >= weights.shape[0]:
-        ax.axis('off')
-        continue
-      ax.imshow(
-        weights[h][: len(tgt), : len(src)],
-        cmap='viridis',
-        vmin=0,
-        aspect='auto',
-      )
-      ax.set_xticks(range(len(src)))
-      ax.set_xticklabels(
-        src, rotation=90, fontsize=5, fontproperties=properties
-      )
-      ax.set_yticks(range(len(tgt)))
-      ax.set_yticklabels(tgt, fontsize=5, fontproperties=properties)
-      ax.set_title(f'{name} L{layer + 1} H{h + 1}', fontsize=7)
+      if h < weights.shape[0]:
+        report.draw_head(
+          axes[r][h], weights[h], src, tgt, f'{name} L{layer + 1} H{h + 1}',
+          properties, size=5,
+        )  # fmt: skip
+      else:
+        axes[r][h].axis('off')
   fig.suptitle(title, fontsize=9, fontproperties=properties)
   fig.tight_layout()
   report.save_png(fig, path, dpi=90)

@@ -87,6 +87,24 @@ def plot_loss_curves(histories, path):
   save_png(fig, path, dpi=120)
 
 
+def draw_head(ax, weights, source_tokens, target_tokens, title, font, size=6):
+  """One head's (Lq, Lk) weights on `ax`, cut to the tokens, which label
+  the axes in `font` (FontProperties) at `size` points."""
+  ax.imshow(
+    weights[: len(target_tokens), : len(source_tokens)],
+    cmap='viridis',
+    vmin=0,
+    aspect='auto',
+  )
+  ax.set_title(title, fontsize=size + 2)
+  ax.set_xticks(range(len(source_tokens)))
+  ax.set_xticklabels(
+    source_tokens, rotation=90, fontsize=size, fontproperties=font
+  )
+  ax.set_yticks(range(len(target_tokens)))
+  ax.set_yticklabels(target_tokens, fontsize=size, fontproperties=font)
+
+
 def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
   """One row per layer, one column per head, for one sentence, written to
   `path` (a file name or a binary file object).
@@ -113,20 +131,14 @@ def plot_heatmaps(weights, source_tokens, target_tokens, path, title):
   )
   for li, layer_weights in enumerate(weights):
     for h in range(n_heads):
-      ax = axes[li][h]
-      ax.imshow(
-        layer_weights[h][: len(target_tokens), : len(source_tokens)],
-        cmap='viridis',
-        vmin=0,
-        aspect='auto',
+      draw_head(
+        axes[li][h],
+        layer_weights[h],
+        source_tokens,
+        target_tokens,
+        f'layer {li + 1} head {h + 1}',
+        properties,
       )
-      ax.set_title(f'layer {li + 1} head {h + 1}', fontsize=8)
-      ax.set_xticks(range(len(source_tokens)))
-      ax.set_xticklabels(
-        source_tokens, rotation=90, fontsize=6, fontproperties=properties
-      )
-      ax.set_yticks(range(len(target_tokens)))
-      ax.set_yticklabels(target_tokens, fontsize=6, fontproperties=properties)
   fig.suptitle(title, fontsize=9, fontproperties=properties)
   fig.tight_layout()
   save_png(fig, path, dpi=110)
