@@ -3,11 +3,13 @@
 import importlib.machinery
 import importlib.metadata
 import importlib.util
+import functools
 import inspect
 import os
 import re
 import subprocess
 import sys
+import types
 import warnings
 
 import jax
@@ -32,7 +34,7 @@ def _routed():
   defaults = [
     importlib.import_module(module).__dict__[function].__defaults__
     for site in registry.SITES.values()
-    for module, function, _ in site.defaults
+    for module, function in site.defaults
   ]
   return views, defaults
 
@@ -42,7 +44,7 @@ _ROUTED_MODULES = sorted(
 )
 
 
-def test_applied_on_import_and_idempotent():
+def test_applied_on_import_and_idempotent(monkeypatch):
   patched = (
     fastmath.tree_unflatten,
     trax.layers.for_n_devices,
@@ -50,7 +52,9 @@ def test_applied_on_import_and_idempotent():
     _routed(),
   )
   assert fastmath.tree_unflatten is patches._tree_unflatten
-  assert trax_transformer.tl.AttentionQKV is trax_qkv.EncoderDecoderAttention
+  routed = trax_transformer.tl.AttentionQKV
+  assert isinstance(routed, registry.Dispatcher)
+  assert routed.site == 'cross_attention' and routed.builtin is None
   assert trax_transformer.tl.Dense is trax.layers.Dense  # the rest is trax's
   assert set(_ROUTED_MODULES) == {
     'trax.models.transformer',
@@ -58,10 +62,11 @@ def test_applied_on_import_and_idempotent():
     'trax.models.research.rezero',
     'trax.models.research.configurable_transformer',
   }
+  monkeypatch.setattr(patches, '_applied', False)  # applied again, fully
   with warnings.catch_warnings():
     warnings.simplefilter('error')
     patches.apply()
-    assert patches._route_attention() == []  # again: nothing left to do
+    assert patches._route_attention() == []  # nothing left to do
   assert (
     fastmath.tree_unflatten,
     trax.layers.for_n_devices,
@@ -70,30 +75,85 @@ def test_applied_on_import_and_idempotent():
   ) == patched
 
 
-def test_attention_routing_is_guarded_by_trax_code(monkeypatch):
-  """A module that no longer calls a site's layer, or a default that no
-  longer holds it, is left as it is, and said so."""
+def test_attention_routing_is_guarded_by_what_can_be_checked(monkeypatch):
+  """A module whose tl is not trax.layers, one that cannot be imported and
+  a default that no longer holds Trax's layer are left as they are, and
+  said so; a default that wraps Trax's layer (functools.wraps) is routed,
+  building the wrapper while nothing is chosen."""
   from trax.models import rnn
+  from trax.models.research import configurable_transformer as ct
   from trax.models.research import transformer2
 
-  monkeypatch.setattr(rnn, 'tl', trax.layers)
-  monkeypatch.setattr(rnn, 'LSTMSeq2SeqAttn', lambda: trax.layers.Dense(1))
+  other = types.SimpleNamespace(AttentionQKV=trax.layers.AttentionQKV)
+  monkeypatch.setattr(rnn, 'tl', other)
+  monkeypatch.setitem(sys.modules, 'trax.models.research.rezero', None)
   defaults = transformer2.Transformer2.__defaults__
-  index = list(inspect.signature(transformer2.Transformer2).parameters).index(
-    'encoder_attention_type'
-  ) - (transformer2.Transformer2.__code__.co_argcount - len(defaults))
   monkeypatch.setattr(
     transformer2.Transformer2,
     '__defaults__',
-    defaults[:index] + (trax.layers.Dense,) + defaults[index + 1 :],
+    tuple(
+      trax.layers.Dense if isinstance(d, registry.Dispatcher) else d
+      for d in defaults
+    ),
+  )
+  calls = []
+
+  @functools.wraps(trax.layers.CausalAttention)
+  def wrapped(*args, **kwargs):
+    calls.append(kwargs)
+    return trax.layers.CausalAttention(*args, **kwargs)
+
+  lm_defaults = ct.ConfigurableTransformerLM.__defaults__
+  monkeypatch.setattr(
+    ct.ConfigurableTransformerLM,
+    '__defaults__',
+    tuple(
+      wrapped if isinstance(d, registry.Dispatcher) else d for d in lm_defaults
+    ),
   )
   skipped = patches._route_attention()
   assert skipped == [
-    "trax.models.rnn (its tl or its calls of ['AttentionQKV'] changed)",
-    'trax.models.research.transformer2.Transformer2(encoder_attention_type=)'
-    ' (not trax.layers.Attention)',
+    'trax.models.research.rezero (cannot be imported: import of '
+    'trax.models.research.rezero halted; None in sys.modules)',
+    'trax.models.research.transformer2.Transformer2 (no default is '
+    'trax.layers.Attention)',
+    'trax.models.research.transformer2.Transformer2 (no default is '
+    'trax.layers.CausalAttention)',
+    'trax.models.rnn (its tl is not trax.layers)',
   ]
-  assert rnn.tl is trax.layers
+  assert rnn.tl is other
+  routed = (
+    inspect.signature(ct.ConfigurableTransformerLM)
+    .parameters['attention_type']
+    .default
+  )
+  assert isinstance(routed, registry.Dispatcher) and routed.builtin is wrapped
+  ct.ConfigurableTransformerLM(20, d_model=16, d_ff=32, n_layers=1)
+  assert len(calls) == 2  # ApplyAttentionLayer's two calling conventions
+
+
+@pytest.mark.slow
+def test_import_succeeds_where_a_routed_module_is_gone():
+  """One warning, and the models that remain are routed."""
+  code = (
+    'import sys, warnings\n'
+    'import trax.models\n'
+    'sys.modules["trax.models.research.rezero"] = None\n'
+    'with warnings.catch_warnings(record=True) as caught:\n'
+    '  warnings.simplefilter("always")\n'
+    '  import trax_qkv\n'
+    'print(len(caught), "rezero (cannot be imported" in str(caught[0]))\n'
+    'print(type(trax.models.transformer.tl).__name__)\n'
+    'print(type(trax.models.rnn.tl).__name__)\n'
+  )
+  done = subprocess.run(
+    [sys.executable, '-c', code],
+    capture_output=True,
+    text=True,
+    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+    check=True,
+  )
+  assert done.stdout.split() == ['1', 'True', 'LayersView', 'LayersView']
 
 
 def test_installed_versions_are_the_tested_ones():

@@ -15,10 +15,11 @@ Importing the package registers its gin configurables under the module
 `@trax_qkv.QkvCausalAttention`, ...): gin resolves an unqualified selector
 by its last name, so a configurable named `CausalAttention` would make
 every Trax config that writes `@CausalAttention` ambiguous. It also makes
-the attention layers of trax.models' Transformer family selectable per
-site (`use_attention`); the default stays Trax's own layers, so no model
-changes until you choose. Without Trax installed only `trax_qkv.kernels`
-(and `trax_qkv.benchmarks.kernels`) can be used.
+the attention of every model of trax.models selectable per site
+(`use_attention`, `with_attention`, gin); until you choose, the models,
+their gin record and their error messages are Trax's own. Without Trax
+installed only `trax_qkv.kernels` (and `trax_qkv.benchmarks.kernels`) can
+be used.
 """
 
 import importlib.util
@@ -59,6 +60,7 @@ else:
   from trax_qkv.models.registry import attention_implementations
   from trax_qkv.models.registry import register_attention
   from trax_qkv.models.registry import use_attention
+  from trax_qkv.models.registry import with_attention
 
   patches.apply()
   _variants.register()

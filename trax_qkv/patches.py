@@ -57,16 +57,15 @@ others `apply()` warns.
    default arguments that hold an attention layer: each module listed in
    a site's record (`models.registry.SITES`: transformer, rnn, rezero,
    configurable_transformer) sees `trax.layers` through a
-   `registry.LayersView`, where the site's name is its dispatcher and
-   every other name is `trax.layers`'s, looked up when used; each default
-   bound to the site's layer when Trax was imported
-   (configurable_transformer's and transformer2's `attention_type=`) is a
-   `registry.BoundDefault` of it. With nothing chosen a dispatcher builds
-   what Trax would (`trax.layers`' layer now, or the default Trax bound),
-   so no model changes until `use_attention` or gin chooses. Guarded by
-   Trax's code: a module whose functions no longer call the name, or a
-   default that no longer holds the layer, is left as it is, with a
-   warning.
+   `registry.LayersView`, where the site's name is a `registry.Dispatcher`
+   and every other name is `trax.layers`'s, looked up when used; each
+   default that holds the site's layer (configurable_transformer's and
+   transformer2's six `*attention_type=`) becomes a `Dispatcher` of it.
+   With nothing chosen a dispatcher builds what Trax would, invisibly
+   (the registry's docstring), so no model changes until a choice is
+   made. A module whose `tl` is not `trax.layers`, or that cannot be
+   imported, and a default that no longer holds Trax's layer, are left
+   as they are, with one warning; `import trax_qkv` never fails on them.
 9. `tf_estimator` in `trax.data.tf_inputs`, in Trax from GitHub master
    only: there the module imports `tensorflow.estimator` when Trax is
    imported, for `ModeKeys` alone, and TensorFlow 2.16 and later have
@@ -78,9 +77,8 @@ others `apply()` warns.
 import contextlib
 import importlib
 import importlib.metadata
-import inspect
 import pickle
-import types
+import sys
 import warnings
 
 import jax
@@ -216,69 +214,44 @@ def _serial_init_weights_and_state(self, input_signature):
   )
 
 
-def _names_called(module):
-  """Every attribute or global name the functions of `module` use."""
-
-  def names(code):
-    found = set(code.co_names)
-    for const in code.co_consts:
-      if isinstance(const, types.CodeType):
-        found |= names(const)
-    return found
-
-  return set().union(
-    *(
-      names(value.__code__)
-      for value in vars(module).values()
-      if inspect.isfunction(value) and value.__module__ == module.__name__
-    )
-  )
-
-
 def _route_attention():
-  """Patch 8: trax.models builds each site's layer through its dispatcher.
+  """Patch 8: trax.models builds each site's layer through a Dispatcher.
 
   Returns what could not be routed, in words ([] when all was)."""
   skipped = []
-  for name in sorted(
-    {m for site in registry.SITES.values() for m in site.modules}
-  ):
-    module = importlib.import_module(name)
-    view = registry.LayersView(name)
-    tl = getattr(module, 'tl', None)
-    if isinstance(tl, registry.LayersView):
-      continue  # routed already
-    missing = [n for n in view.sites if n not in _names_called(module)]
-    if tl is not trax.layers or missing:
-      skipped.append(f'{name} (its tl or its calls of {missing} changed)')
+
+  def module(name):
+    try:
+      return importlib.import_module(name)
+    except Exception as error:  # a Trax without it: the rest still routes
+      skipped.append(f'{name} (cannot be imported: {error})')
+
+  sites = registry.SITES.values()
+  for name in sorted({m for site in sites for m in site.modules}):
+    routed = module(name)
+    tl = getattr(routed, 'tl', None)
+    if routed is None or isinstance(tl, registry.LayersView):
       continue
-    module.tl = view
-  for site in registry.SITES.values():
-    for module_name, function, parameter in site.defaults:
-      where = f'{module_name}.{function}({parameter}=)'
-      fn = getattr(importlib.import_module(module_name), function, None)
+    if tl is trax.layers:
+      routed.tl = registry.LayersView(name)
+    else:
+      skipped.append(f'{name} (its tl is not trax.layers)')
+  for site in sites:
+    for module_name, function in site.defaults:
+      fn = getattr(module(module_name), function, None)
       defaults = getattr(fn, '__defaults__', None) or ()
-      names = list(inspect.signature(fn).parameters) if fn else []
-      index = (
-        names.index(parameter) - (len(names) - len(defaults))
-        if parameter in names
-        else -1
+      routed = tuple(
+        registry.Dispatcher(site.name, d) if site.is_trax_layer(d) else d
+        for d in defaults
       )
-      if not 0 <= index < len(defaults):
-        skipped.append(f'{where} (no such default)')
-        continue
-      bound = defaults[index]
-      if isinstance(bound, registry.BoundDefault):
-        continue
-      if bound is not getattr(trax.layers, site.trax_name):
-        skipped.append(f'{where} (not trax.layers.{site.trax_name})')
-        continue
-      fn.__defaults__ = (
-        defaults[:index]
-        + (registry.BoundDefault(site.name, bound),)
-        + defaults[index + 1 :]
-      )
-  return skipped
+      if routed != defaults:
+        fn.__defaults__ = routed
+      elif not any(isinstance(d, registry.Dispatcher) for d in defaults):
+        skipped.append(
+          f'{module_name}.{function} (no default is trax.layers.'
+          f'{site.trax_name})'
+        )
+  return sorted(set(skipped))
 
 
 def apply():

@@ -81,14 +81,28 @@ def AttentionQKV(
   dropout=0.0,
   mode='train',
   cache_KV_in_predict=False,
+  q_sparsity=None,
+  result_sparsity=None,
 ):
   """`(AQ, AK, AV, mask) -> (new_A, mask)` as `trax.layers.AttentionQKV`,
   with `projection` ('none' or 'shared') in place of the three Dense.
 
-  `cache_KV_in_predict` is accepted for LSTMSeq2SeqAttn and not used: K and
-  V are recomputed each step, the same numbers.
+  `cache_KV_in_predict` (LSTMSeq2SeqAttn, ConfigurableTransformer) is
+  accepted and not used: K and V are recomputed each step, the same
+  numbers. The sparse projections that ConfigurableTransformer can ask for
+  (`q_sparsity`, `result_sparsity`) replace Dense layers these variants
+  change, so only None is accepted.
   """
   del cache_KV_in_predict
+  for name, value in (
+    ('q_sparsity', q_sparsity),
+    ('result_sparsity', result_sparsity),
+  ):
+    if value is not None:
+      raise ValueError(
+        f'{name} must be None for projection={projection!r}, which has no '
+        f'sparse variant; got {value!r}.'
+      )
   _check(projection, d_feature, n_heads, dropout, mode)
   return cb.Serial(
     _input_projections(projection, d_feature),

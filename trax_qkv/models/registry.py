@@ -1,66 +1,57 @@
-"""Which attention the attention layers of trax.models use.
-
-trax.models builds attention in three sites, each Trax's layer of one
-`trax.layers` name, called when a model is built or bound as a default
-argument when Trax is imported:
+"""Which attention trax.models builds in each of its three sites.
 
   site               tl name          dispatcher (gin)         used by
   'self_attention'   Attention        EncoderSelfAttention     encoders
   'causal_attention' CausalAttention  DecoderSelfAttention     decoders, LMs
   'cross_attention'  AttentionQKV     EncoderDecoderAttention  encoder-decoder
 
-Each `Site` record says which modules of trax.models call its name and
-which functions take it as a default argument (`Site.modules`,
-`Site.defaults`); patch 8 of `trax_qkv.patches` routes all of them
-through the site's dispatcher, whose default, 'trax', builds the layer
-Trax would have built. So importing trax_qkv changes no model.
-
-Every site takes 'trax' for the built-in, every kernel name of
-`trax_qkv.kernels.names()` ('reference' -- bit-identical --, 'fused',
-'chunked', 'cudnn', 'auto', and any kernel registered later) for
-trax_qkv's layer running that kernel, and what `register_attention` adds.
-The first release's names and API are in `trax_qkv.compat`.
-
-Select trax_qkv's layers
-  from gin:     trax_qkv.DecoderSelfAttention.implementation = 'auto'
-                trax_qkv.EncoderDecoderAttention.implementation = 'reference'
-  from Python:  with trax_qkv.use_attention(self_attention='auto',
-                                            causal_attention='auto',
-                                            cross_attention='auto'):
-                  model = trax.models.TransformerLM(...)
+Patch 8 (`trax_qkv.patches`) puts a `Dispatcher` wherever a `Site` record
+says trax.models builds the site's layer. Until a choice is made it builds
+Trax's layer and leaves no trace: no gin record, and each layer names the
+model's line as its caller, as without trax_qkv. A choice is a name of
+`attention_implementations(site)` ('trax', a kernel: 'reference' --
+bit-identical --, 'fused', 'chunked', 'cudnn', 'auto', or a registered
+name), made in gin (`trax_qkv.EncoderDecoderAttention.implementation =
+'auto'`, every build), in a `use_attention(...)` block (the builds of its
+thread and asyncio task while it is open; wins over gin), or by
+`with_attention(model_fn, ...)`, which opens that block around every call
+(`trainer_lib`'s train, eval and predict builds). Gin's operative config,
+which Trax saves as config.gin, then names the choice, so that file builds
+the same model where trax_qkv is imported; a factory passed as itself, not
+by a registered name, cannot be written there.
 """
 
 import contextlib
 import contextvars
 import dataclasses
 import functools
+import inspect
+import os
+import sys
 import types
 
 import gin
 import trax.layers
+from trax.layers import attention as trax_attention
+from trax.layers import base as trax_base
 
 from trax_qkv import kernels
 from trax_qkv import layers
 
 BUILTIN = 'trax'  # the name of Trax's own layer, in every site
 
-
-# The modules of trax.models that build attention, by their short names.
 _TRANSFORMER = 'trax.models.transformer'
 _RNN = 'trax.models.rnn'
 _REZERO = 'trax.models.research.rezero'
 _CONFIGURABLE = 'trax.models.research.configurable_transformer'
 _TRANSFORMER2 = 'trax.models.research.transformer2'
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclasses.dataclass(frozen=True)
 class Site:
-  """One place where trax.models builds attention.
-
-  Everything per site derives from these records: the registry, the gin
-  dispatchers, what patch 8 routes through them, training's saved
-  settings, model directories and the benchmarks. A new site is one more
-  record.
+  """One place where trax.models builds attention; everything per site
+  derives from these records.
 
   Attributes:
     name: the site's name in `use_attention`, `register_attention`,
@@ -71,8 +62,8 @@ class Site:
     role: what the site is, in words.
     modules: the modules of trax.models that call `tl.<trax_name>` while
       building a model.
-    defaults: (module, function, parameter) of the trax.models functions
-      whose parameter defaults to the layer, bound when Trax is imported.
+    defaults: (module, function) of the trax.models functions with a
+      parameter that defaults to the layer, bound when Trax is imported.
   """
 
   name: str
@@ -89,6 +80,12 @@ class Site:
     of it included, as trax.models itself would call it)."""
     return getattr(trax.layers, self.trax_name)
 
+  def is_trax_layer(self, value):
+    """Whether `value` is the function Trax defines for this site, or a
+    wrapper of it that says so (`functools.wraps`, gin)."""
+    defined = inspect.unwrap(getattr(trax_attention, self.trax_name))
+    return callable(value) and inspect.unwrap(value) is defined
+
 
 SITES = {
   site.name: site
@@ -101,9 +98,9 @@ SITES = {
       'encoder self-attention',
       modules=(_TRANSFORMER, _REZERO),
       defaults=(
-        (_CONFIGURABLE, 'ConfigurableTransformerEncoder', 'attention_type'),
-        (_CONFIGURABLE, 'ConfigurableTransformer', 'encoder_attention_type'),
-        (_TRANSFORMER2, 'Transformer2', 'encoder_attention_type'),
+        (_CONFIGURABLE, 'ConfigurableTransformerEncoder'),
+        (_CONFIGURABLE, 'ConfigurableTransformer'),
+        (_TRANSFORMER2, 'Transformer2'),
       ),
     ),
     Site(
@@ -114,14 +111,9 @@ SITES = {
       'decoder causal self-attention',
       modules=(_TRANSFORMER, _REZERO),
       defaults=(
-        (_CONFIGURABLE, 'ConfigurableTransformerLM', 'attention_type'),
-        # Trax's name for the decoder's causal self-attention there.
-        (
-          _CONFIGURABLE,
-          'ConfigurableTransformer',
-          'encoder_decoder_attention_type',
-        ),
-        (_TRANSFORMER2, 'Transformer2', 'decoder_attention_type'),
+        (_CONFIGURABLE, 'ConfigurableTransformerLM'),
+        (_CONFIGURABLE, 'ConfigurableTransformer'),
+        (_TRANSFORMER2, 'Transformer2'),
       ),
     ),
     Site(
@@ -155,9 +147,13 @@ def register_attention(site, name, factory):
   Args:
     site: 'self_attention', 'causal_attention' or 'cross_attention'.
     name: the registry key, used in gin and in `use_attention`.
-    factory: called with the arguments trax.models passes to the site's
-        built-in (`tl.Attention`, `tl.CausalAttention`, `tl.AttentionQKV`);
-        returns a layer with the same inputs and outputs.
+    factory: called with exactly what a model passes to the site's
+        built-in (`tl.Attention`, `tl.CausalAttention`, `tl.AttentionQKV`):
+        `d_feature`, then mostly keywords (`n_heads`, `dropout`, `mode`,
+        `max_inference_length`, `cache_KV_in_predict`, ...), and some
+        models pass their own (ConfigurableTransformer: `q_sparsity`,
+        `result_sparsity`), so take `**kwargs` and refuse what you cannot
+        honour. Returns a layer with the built-in's inputs and outputs.
   """
   check_site(site)
   if not isinstance(name, str) or not name:
@@ -214,8 +210,7 @@ def resolve_attention(site, implementation):
     return implementation
   implementation = canonical_name(implementation)
   if implementation == BUILTIN:
-    bound = _builtin_of_this_call.get()
-    return bound[1] if bound and bound[0] == site else SITES[site].builtin
+    return SITES[site].builtin
   if implementation in _REGISTRY[site]:
     return _REGISTRY[site][implementation]
   if isinstance(implementation, str) and implementation in kernels.names():
@@ -245,9 +240,20 @@ def check_attention(attention):
     resolve_attention(site, name)
 
 
+def _chosen(implementations):
+  """{site: today's name or factory}, None left out, every one checked."""
+  chosen = {
+    site: canonical_name(name)
+    for site, name in implementations.items()
+    if name is not None
+  }
+  check_attention(chosen)
+  return chosen
+
+
 @contextlib.contextmanager
 def use_attention(**implementations):
-  """Within the block, trax.models' Transformer family is built with these.
+  """Within the block, this thread builds trax.models' attention with these.
 
   Args:
     **implementations: site name (`self_attention`, `causal_attention`,
@@ -256,13 +262,10 @@ def use_attention(**implementations):
       it is (the gin binding, or an enclosing block). Every site and name is
       checked before anything is built.
   """
-  chosen = {
-    site: canonical_name(name)
-    for site, name in implementations.items()
-    if name is not None
-  }
-  check_attention(chosen)
-  tokens = [(site, _overrides[site].set(name)) for site, name in chosen.items()]
+  tokens = [
+    (site, _overrides[site].set(name))
+    for site, name in _chosen(implementations).items()
+  ]
   try:
     yield
   finally:
@@ -270,59 +273,159 @@ def use_attention(**implementations):
       _overrides[site].reset(token)
 
 
-# (site, layer): what a dispatcher builds for 'trax' while a `BoundDefault`
-# calls it, the default argument Trax bound when it was imported.
-_builtin_of_this_call = contextvars.ContextVar(
-  'trax_qkv_builtin_of_this_call', default=None
-)
+def with_attention(model, **implementations):
+  """`model` (a model function, e.g. `trax.models.Transformer`) whose
+  every call builds inside `use_attention(**implementations)`: for code
+  that builds later, elsewhere, or several times (`trainer_lib.train(
+  model=...)`'s train, eval and predict models). In gin: `train.model =
+  @trax_qkv.with_attention()`, `with_attention.model =
+  @trax.models.Transformer`, `with_attention.cross_attention = 'auto'`."""
+  if not callable(model):
+    raise TypeError(f'model must be a model function; got {model!r}.')
+  chosen = _chosen(implementations)
+
+  @functools.wraps(model)
+  def model_fn(*args, **kwargs):
+    with use_attention(**chosen):
+      return model(*args, **kwargs)
+
+  return model_fn
 
 
-def _make_dispatcher(site):
-  """The gin-configurable layer factory that trax.models calls in `site`.
+gin.external_configurable(with_attention, module='trax_qkv')
 
-  It passes on only the arguments trax.models gives it, so that the chosen
-  layer's own defaults and gin bindings (e.g.
-  `trax.layers.CausalAttention.max_inference_length`) apply as before; a
-  call the built-in would refuse (no `d_feature`: the first of
-  configurable_transformer's `ApplyAttentionLayer`'s two calls) raises
-  TypeError before anything is chosen, as the built-in's does.
-  """
 
-  def dispatcher(d_feature, implementation=BUILTIN, **kwargs):
-    chosen = _overrides[site.name].get() or implementation
-    return resolve_attention(site.name, chosen)(d_feature, **kwargs)
+def _model_frame():
+  """The frame Trax would name as the caller of a layer built here: the
+  first outside this file, trax/layers and gin (`base._find_frame`)."""
+  frame = sys._getframe(1)
+  while (
+    frame.f_code.co_filename == __file__
+    or trax_base._find_frame(frame) is not frame
+  ):
+    frame = frame.f_back
+  return frame
+
+
+def _walk(layer):
+  yield layer
+  for sublayer in layer.sublayers:
+    yield from _walk(sublayer)
+
+
+def _record(site, implementation):
+  """Writes a block's choice where gin records what each call used, as if
+  gin had bound it: Trax saves that record as config.gin. (Gin has no
+  public way to add to it; trax_qkv requires gin-config 0.5.0.)"""
+  key = (gin.current_scope_str(), f'trax_qkv.{SITES[site].dispatcher}')
+  with gin.config._OPERATIVE_CONFIG_LOCK:
+    gin.config._OPERATIVE_CONFIG.setdefault(key, {})['implementation'] = (
+      implementation
+    )
+
+
+def _check_call(factory, site, implementation, args, kwargs, frame):
+  """TypeError, naming the model and the arguments, where `factory`
+  cannot take what the model passes (checked before it runs, so that
+  configurable_transformer's fall-back on TypeError still works)."""
+  try:
+    inspect.signature(factory).bind(*args, **kwargs)
+  except ValueError:  # no signature to check: the call will tell
+    return
+  except TypeError as error:
+    where = f'{frame.f_globals.get("__name__")}.{frame.f_code.co_name}'
+    raise TypeError(
+      f'{site} implementation {implementation!r} cannot be built where '
+      f'{where} (line {frame.f_lineno}) builds trax.layers.'
+      f'{SITES[site].trax_name} with {args} {kwargs}: {error}. A factory '
+      "takes the built-in's arguments and **kwargs for the ones some "
+      'models add.'
+    ) from None
+
+
+def _build(site, implementation, builtin, args, kwargs):
+  """The layer `site` builds for `implementation` (None: nothing chosen,
+  `builtin`, else `trax.layers`' layer). A block's choice wins."""
+  chosen = _overrides[site].get()
+  if chosen is not None:
+    if isinstance(chosen, str) and chosen != BUILTIN:
+      _record(site, chosen)
+  else:
+    chosen = canonical_name(implementation)
+  frame = _model_frame()
+  if chosen is None or chosen == BUILTIN:
+    layer = (builtin or SITES[site].builtin)(*args, **kwargs)
+  else:
+    factory = resolve_attention(site, chosen)
+    _check_call(factory, site, chosen, args, kwargs, frame)
+    layer = factory(*args, **kwargs)
+  # Layers built by this module or by trax_qkv's own layers name the
+  # model's line, as the built-in's do without trax_qkv; a user's factory
+  # keeps its own lines.
+  model_line = {'filename': frame.f_code.co_filename, 'lineno': frame.f_lineno}
+  for part in _walk(layer):
+    if part._caller['filename'].startswith(_PACKAGE_DIR + os.sep):
+      part._caller = dict(model_line)
+  return layer
+
+
+def _gin_dispatcher(site):
+  """The site's gin configurable: `@trax_qkv.<dispatcher>` in a config, or
+  its `implementation` bound there."""
+
+  def dispatcher(*args, implementation=None, **kwargs):
+    return _build(site.name, implementation, None, args, kwargs)
 
   dispatcher.__name__ = dispatcher.__qualname__ = site.dispatcher
-  dispatcher.__doc__ = f"""The {site.role} that trax.models builds
-  (`trax.layers.{site.trax_name}`).
-
-  Args:
-    d_feature: as for `trax.layers.{site.trax_name}`.
-    implementation: a name from `attention_implementations(
-        {site.name!r})` or a layer factory; a `use_attention` block takes
-        precedence.
-    **kwargs: the other arguments of `trax.layers.{site.trax_name}`,
-        passed on as given.
-  """
+  dispatcher.__doc__ = f"""The {site.role}: `trax.layers.{site.trax_name}`
+  (its arguments, passed on as given) unless `implementation` (a name of
+  `attention_implementations({site.name!r})` or a factory) or a
+  `use_attention` block, which wins, chooses another."""
   return gin.configurable(site.dispatcher, module='trax_qkv')(dispatcher)
 
 
-DISPATCHERS = {name: _make_dispatcher(site) for name, site in SITES.items()}
+DISPATCHERS = {name: _gin_dispatcher(site) for name, site in SITES.items()}
 EncoderSelfAttention = DISPATCHERS['self_attention']
 DecoderSelfAttention = DISPATCHERS['causal_attention']
 EncoderDecoderAttention = DISPATCHERS['cross_attention']
 
 
+class Dispatcher:
+  """What patch 8 puts where trax.models builds a site's layer.
+
+  Called, it builds `builtin` (a default argument Trax bound), or where
+  that is None `trax.layers`' layer as it is now, unless a block or a gin
+  binding of the site's dispatcher chooses; only then does gin see it.
+  """
+
+  def __init__(self, site, builtin=None):
+    self.site, self.builtin = site, builtin
+
+  def __call__(self, *args, **kwargs):
+    if _overrides[self.site].get() is None and gin.get_bindings(
+      f'trax_qkv.{SITES[self.site].dispatcher}', resolve_references=False
+    ):
+      return DISPATCHERS[self.site](*args, **kwargs)
+    return _build(self.site, None, self.builtin, args, kwargs)
+
+  def __repr__(self):
+    site = SITES[self.site]
+    return (
+      f'<trax_qkv.{site.dispatcher}: trax.layers.{site.trax_name} unless '
+      'trax_qkv.use_attention or gin chooses another>'
+    )
+
+
 class LayersView(types.ModuleType):
-  """`trax.layers` as one module of trax.models sees it: the names of the
-  sites that module builds are their dispatchers, every other name is
-  looked up in `trax.layers` when it is used."""
+  """`trax.layers` as one module of trax.models sees it: a `Dispatcher`
+  for each site that module builds, every other name looked up in
+  `trax.layers` when it is used."""
 
   def __init__(self, module_name):
     super().__init__('trax.layers')
     self.routed_from = module_name
     self.sites = {
-      site.trax_name: DISPATCHERS[site.name]
+      site.trax_name: Dispatcher(site.name)
       for site in SITES.values()
       if module_name in site.modules
     }
@@ -332,29 +435,8 @@ class LayersView(types.ModuleType):
       return self.sites[name]
     return getattr(trax.layers, name)
 
-
-class BoundDefault:
-  """A site's dispatcher in place of the layer Trax bound as a default
-  argument (e.g. `ConfigurableTransformerLM(attention_type=...)`).
-
-  Called, it dispatches as the site's gin dispatcher does, and where
-  nothing is chosen builds `builtin`, the layer Trax had bound there, so a
-  model built with nothing chosen is the one Trax would build.
-  """
-
-  def __init__(self, site, builtin):
-    self.site, self.builtin = site, builtin
-
-  def __call__(self, *args, **kwargs):
-    token = _builtin_of_this_call.set((self.site, self.builtin))
-    try:
-      return DISPATCHERS[self.site](*args, **kwargs)
-    finally:
-      _builtin_of_this_call.reset(token)
-
   def __repr__(self):
     return (
-      f'<trax_qkv.{SITES[self.site].dispatcher}: trax.layers.'
-      f'{SITES[self.site].trax_name} unless trax_qkv.use_attention or gin '
-      'chooses another>'
+      f'<trax.layers as {self.routed_from} sees it: '
+      f'{", ".join(self.sites)} through trax_qkv>'
     )

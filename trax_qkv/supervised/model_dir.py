@@ -136,12 +136,9 @@ def model_fn(settings, attention=None):
   """
   chosen = dict(settings[ATTENTION], **(attention or {}))
   build = architecture(settings).build
-
-  def model_fn(mode='train'):
-    with registry.use_attention(**chosen):
-      return build(settings, mode)
-
-  return model_fn
+  return registry.with_attention(
+    lambda mode='train': build(settings, mode), **chosen
+  )
 
 
 def model_settings(vocab_size, attention, model=TRANSFORMER.name, **arguments):
