@@ -1,9 +1,9 @@
 """trax_qkv.patches: every change to Trax, applied once, version-guarded."""
 
+import functools
 import importlib.machinery
 import importlib.metadata
 import importlib.util
-import functools
 import inspect
 import os
 import re

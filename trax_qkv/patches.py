@@ -78,7 +78,6 @@ import contextlib
 import importlib
 import importlib.metadata
 import pickle
-import sys
 import warnings
 
 import jax
