@@ -4,6 +4,7 @@ trax_qkv's layers in every site, and Trax's model bit for bit."""
 import functools
 import importlib
 import inspect
+import sys
 import unittest
 
 import gin
@@ -72,7 +73,23 @@ MODELS = {
   ),
   'ConfigurableTransformerLM': (_decoder(M.ConfigurableTransformerLM), False),
   'Transformer2': (_seq2seq(M.Transformer2), True),
+  # Reached through trax.models.transformer's blocks, not listed by name.
+  'SkippingTransformerLM': (_decoder(M.SkippingTransformerLM), False),
+  'EveryOtherLayerDropTransformerLM': (
+    _decoder(M.EveryOtherLayerDropTransformerLM),
+    False,
+  ),
+  'LayerDropTransformerLM': (_decoder(M.LayerDropTransformerLM), False),
 }
+# The Transformer family of trax.models.transformer (its own tests are in
+# test_transformer.py): with MODELS, every model of README's table.
+EVERY_MODEL = dict(
+  MODELS,
+  Transformer=(_seq2seq(M.Transformer), True),
+  TransformerEncoder=(_decoder(M.TransformerEncoder, n_classes=3), False),
+  TransformerLM=(_decoder(M.TransformerLM), False),
+  TransformerDecoder=(_decoder(M.TransformerDecoder), False),
+)
 
 
 def _inputs(seq2seq, length=6):
@@ -85,7 +102,7 @@ def _inputs(seq2seq, length=6):
 
 
 def _pair(name, mode, dropout=0.0):
-  build, _ = MODELS[name]
+  build, _ = EVERY_MODEL[name]
   builtin = build(mode=mode, dropout=dropout)
   with trax_qkv.use_attention(**EVERY_SITE):
     plugin = build(mode=mode, dropout=dropout)
@@ -158,6 +175,29 @@ def test_eval_and_predict_bit_for_bit_state_included(name):
     assert_trees_equal((y_builtin, s_builtin), (y_plugin, s_plugin))
 
 
+LMS = sorted(
+  name
+  for name, (_, seq2seq) in EVERY_MODEL.items()
+  if not seq2seq and 'Encoder' not in name
+)
+
+
+@pytest.mark.parametrize('name', LMS)
+def test_lm_predict_mode_bit_for_bit_state_included(name):
+  builtin, plugin = _pair(name, 'predict')
+  tokens = _inputs(False)
+  step = shapes.signature(tokens[:, :1])
+  w, s_builtin = builtin.init(step, rng=RNG)
+  w_plugin, s_plugin = plugin.init(step, rng=RNG)
+  assert_trees_equal((w, s_builtin), (w_plugin, s_plugin))
+  for i in range(3):
+    y_builtin, s_builtin = builtin.pure_fn(
+      tokens[:, i : i + 1], w, s_builtin, RNG
+    )
+    y_plugin, s_plugin = plugin.pure_fn(tokens[:, i : i + 1], w, s_plugin, RNG)
+    assert_trees_equal((y_builtin, s_builtin), (y_plugin, s_plugin))
+
+
 def _builds(name, mode='eval'):
   """The trax_qkv and Trax attention layers in a freshly built model."""
   model = MODELS[name][0](mode=mode, dropout=0.0)
@@ -210,7 +250,7 @@ def test_apply_attention_layer_calling_conventions():
     .parameters['attention_type']
     .default
   )
-  assert isinstance(default, registry.BoundDefault)
+  assert isinstance(default, registry.Dispatcher)
   with trax_qkv.use_attention(causal_attention='reference'):
     attention = ct.ApplyAttentionLayer(
       default,
@@ -243,22 +283,34 @@ TRAX_TESTS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize('module', sorted(TRAX_TESTS))
-def test_trax_own_tests_pass_with_every_model_built_under_the_block(module):
+def test_trax_own_tests_pass_with_every_model_built_under_the_block(
+  module, monkeypatch
+):
+  built = []  # every layer the block builds, counted, else it proves nothing
+  for site in registry.SITES:
+
+    def counted(*args, _site=site, **kwargs):
+      built.append(_site)
+      return registry.SITES[_site].ours(*args, **kwargs)
+
+    monkeypatch.setitem(registry._REGISTRY[site], 'counted', counted)
   suite = unittest.defaultTestLoader.loadTestsFromModule(
     importlib.import_module(module)
   )
   result = unittest.TestResult()
-  with trax_qkv.use_attention(**EVERY_SITE):
+  with trax_qkv.use_attention(**dict.fromkeys(registry.SITES, 'counted')):
     suite.run(result)
   assert result.testsRun == TRAX_TESTS[module]
   assert not result.failures and not result.errors, (
     result.failures + result.errors
   )
+  assert built  # > 0 layers of ours built by Trax's own tests
 
 
 # How Trax's own configs (google/trax, trax/supervised/configs) bind the
-# models above and their attention, the one line that puts trax_qkv's
-# layer there (a later binding wins in gin: the line goes at the end) and
+# models above and their attention, the lines that put trax_qkv's layer
+# there (a later binding wins in gin: they go at the end; where a config
+# binds Trax's layer itself, one more rebinds it to the dispatcher) and
 # the Trax attention core that it replaces.
 # docs/tests.md: the same lines checked on the files themselves.
 TRAX_CONFIGS = {
@@ -277,7 +329,8 @@ TRAX_CONFIGS = {
     'train.model = @trax.models.ConfigurableTransformerLM\n'
     'ConfigurableTransformerLM.vocab_size = 256\n'
     'ConfigurableTransformerLM.attention_type = @CausalAttention',
-    'ConfigurableTransformerLM.attention_type = @trax_qkv.QkvCausalAttention',
+    'ConfigurableTransformerLM.attention_type = @trax_qkv.DecoderSelfAttention'
+    "\ntrax_qkv.DecoderSelfAttention.implementation = 'reference'",
     'DotProductCausalAttention',
   ),
   'sparse_lm1b_pretrain_16gb.gin': (
@@ -285,15 +338,17 @@ TRAX_CONFIGS = {
     'train.model = @trax.models.ConfigurableTransformerLM\n'
     'ConfigurableTransformerLM.vocab_size = 256\n'
     'ConfigurableTransformerLM.attention_type = %attn_type',
-    'attn_type = @trax_qkv.QkvCausalAttention',
+    'attn_type = @trax_qkv.DecoderSelfAttention\n'
+    "trax_qkv.DecoderSelfAttention.implementation = 'reference'",
     'DotProductCausalAttention',
   ),
 }
 
 
 @pytest.mark.parametrize('config', sorted(TRAX_CONFIGS))
-def test_one_line_puts_trax_qkv_into_trax_configs(config):
-  bindings, line, replaced = TRAX_CONFIGS[config]
+def test_one_line_puts_trax_qkv_into_trax_configs(config, monkeypatch):
+  bindings, lines, replaced = TRAX_CONFIGS[config]
+  *rebinding, choice = lines.split('\n')
 
   def cores(*lines):
     gin.clear_config()
@@ -303,6 +358,11 @@ def test_one_line_puts_trax_qkv_into_trax_configs(config):
     return _kinds(model, 'trax') & TRAX_CORES, _kinds(model, 'trax_qkv')
 
   builtin, _ = cores(bindings)
-  assert builtin and cores(bindings, 'import trax_qkv')[1] == set()
-  theirs, ours = cores(bindings, 'import trax_qkv', line)
+  # The dispatcher alone, nothing chosen, is Trax's layer.
+  assert builtin and cores(bindings, 'import trax_qkv', *rebinding)[1] == set()
+  theirs, ours = cores(bindings, 'import trax_qkv', lines)
   assert replaced in builtin and replaced not in theirs and replaced in ours
+  if not rebinding:  # the choice reaches the model through patch 8 only
+    for name in {m for site in registry.SITES.values() for m in site.modules}:
+      monkeypatch.setattr(sys.modules[name], 'tl', trax.layers)
+    assert cores(bindings, 'import trax_qkv', lines)[1] == set()

@@ -46,6 +46,7 @@ from trax_qkv.kernels.dispatch import causal_mask
 from trax_qkv.kernels.dispatch import check_implementation
 from trax_qkv.kernels.dispatch import check_supported
 from trax_qkv.kernels.dispatch import choose
+from trax_qkv.kernels.dispatch import keeps_trax_state
 from trax_qkv.kernels.dispatch import may_project_in_blocks
 from trax_qkv.kernels.dispatch import names
 from trax_qkv.kernels.dispatch import projects_rows

@@ -94,6 +94,11 @@ class Kernel:
       layers then project with Trax's `Dense` (any other kernel gets
       `RowsDense`: the same weights, faster gradients) and may keep a
       cached K and V split into heads (`CachedKVAttention`).
+    trax_state: its layers keep Trax's state tree in 'predict' mode (the
+      projected K and V of `AttentionQKV(cache_KV_in_predict=True)` as
+      Trax's `Cache` holds them), so checkpoints and decoding states move
+      to and from the built-in; any other kernel may keep its own
+      (`layers.attention.CachedKVPureAttention`).
     matmuls_per_logit: (forward, backward) matmuls per computed logit, for
       the roof bench's ceilings; None where not counted.
     logits_computed: f(Call) -> the (query, key) logits one pass computes
@@ -110,6 +115,7 @@ class Kernel:
   auto_priority: float = math.inf
   attend_projecting: Callable | None = None
   exact: bool = False
+  trax_state: bool = False
   matmuls_per_logit: tuple | None = None
   logits_computed: Callable | None = None
 
@@ -167,6 +173,7 @@ _BUILTIN_KERNELS = (
     auto_when=_reference_wins,
     auto_priority=2,
     exact=True,
+    trax_state=True,
     # It keeps the weights for its backward; it computes every logit.
     matmuls_per_logit=(2, 4),
     logits_computed=lambda call: call.n_logits,
@@ -265,6 +272,13 @@ def projects_rows(implementation):
   every implementation but an exact kernel (`Kernel.exact`)."""
   kernel = KERNELS.get(implementation)
   return kernel is None or not kernel.exact
+
+
+def keeps_trax_state(implementation):
+  """Whether layers running `implementation` keep Trax's state tree
+  (`Kernel.trax_state`; 'auto' does not)."""
+  kernel = KERNELS.get(implementation)
+  return kernel is not None and kernel.trax_state
 
 
 def may_project_in_blocks(implementation):

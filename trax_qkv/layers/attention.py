@@ -89,7 +89,8 @@ class PureAttention(kernel_layer.KernelLayer):
 class CachedKVPureAttention(PureAttention):
   """`PureAttention` after the cached K and V projections of
   `AttentionQKV(cache_KV_in_predict=True)` in 'predict' mode, for every
-  implementation but 'reference' (which keeps Trax's state tree).
+  implementation but one that keeps Trax's state tree
+  (`Kernel.trax_state`: 'reference').
 
   There K and V are the same in every call (the encoder output, projected
   once), so where an exact kernel runs (`Kernel.exact`) their heads are
@@ -307,7 +308,7 @@ def AttentionQKV(
     cb.Parallel(_Projection(q_sparsity), _KVProjection(), _KVProjection()),
     (
       CachedKVPureAttention
-      if cached_kv and implementation != 'reference'
+      if cached_kv and not kernels.keeps_trax_state(implementation)
       else PureAttention
     )(
       n_heads=n_heads, dropout=dropout, mode=mode, implementation=implementation
