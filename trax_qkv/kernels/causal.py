@@ -32,7 +32,7 @@ from trax_qkv.kernels.reference import MASK_FILL
 # Positions per query and key block. XLA:CPU runs a (2, 512, 64) batched
 # matmul near the matmul rate and a (16, 128, 64) one at half of it, which
 # outweighs the masked half of the diagonal blocks that larger blocks
-# compute (docs/benchmarks.md: "Causal block size").
+# compute (docs/kernels.md: "Causal block size").
 DEFAULT_BLOCK_SIZE = 512
 # Query sub-blocks per diagonal block: sub-block s reads key sub-blocks
 # 0..s only, so two of them compute 3/4 of a diagonal block's logits, not
@@ -237,11 +237,11 @@ def _causal_backward(tiles, rate, residuals, d_out):
 
   dK and dV are accumulated transposed, (rows, d, L): XLA:CPU runs
   'gqd,gqk->gdk' faster than 'gqk,gqd->gkd' at these shapes
-  (docs/benchmarks.md: "Causal block size"). Q and dO are transposed once
+  (docs/kernels.md: "Causal block size"). Q and dO are transposed once
   up front, so that dK and dV are plain (d, q) @ (q, k) products: XLA:CPU
   then runs them through the same (YNNPACK) path as the step's other
   matmuls, side by side with dQ, where 'gqd,gqk->gdk' went to a slower dot
-  one after another (docs/benchmarks.md: "Einsum order in the backward
+  one after another (docs/kernels.md: "Einsum order in the backward
   pass")."""
   q, k, v, rng, out, lse = residuals
   blocks = _Blocks(q, tiles)

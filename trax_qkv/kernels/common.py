@@ -16,7 +16,7 @@ from trax_qkv.kernels.reference import MASK_FILL
 
 # Logits per loop step of 'fused' and causal attention: 2**19 floats (2 MB).
 # A step's temporaries then stay under the size malloc reuses instead of
-# mapping afresh on every call (docs/benchmarks.md: "Step size").
+# mapping afresh on every call (docs/kernels.md: "Step size").
 STEP_ELEMENTS = 2**19
 # Initial running max of an online softmax, and the logit of padding keys:
 # far below any logit, MASK_FILL included, so they get zero weight even in
@@ -119,7 +119,7 @@ def keep_mask(rng, index, rate, shape):
   mix(mix(position ^ k0) + k1), with (k0, k1) the step's JAX key
   `fold_in(rng, index)`: a few integer operations per element, where
   jax.random's threefry would cost as much as the rest of the step
-  (docs/benchmarks.md: "Dropout masks"). Masks of
+  (docs/kernels.md: "Dropout masks"). Masks of
   different steps and keys are independent for dropout's purpose (tested:
   rate, and correlation between steps and neighbours), not for
   cryptography.

@@ -239,7 +239,7 @@ def _fused_backward(tiles, n_heads, rate, residuals, d_out):
     )
     d_q_step = jnp.einsum('gqk,gkd->gqd', d_logits, k_step) * tiling.scale
     # dK and dV as (d_head, Lk): XLA:CPU runs 'gqd,gqk->gdk' faster than
-    # 'gqk,gqd->gkd' (docs/benchmarks.md: "Einsum order in the backward
+    # 'gqk,gqd->gkd' (docs/kernels.md: "Einsum order in the backward
     # pass").
     return (
       tiling.write(d_q, d_q_step, step, True),

@@ -158,7 +158,7 @@ class RowsDense(core.Dense):
   Same weights, initialisation and rng use as `core.Dense`; the outputs and
   gradients agree within float32 rounding. XLA:CPU computes the gradients
   of a 2-D dot faster than those of the (batch, L, d) one
-  (docs/benchmarks.md: "RowsDense"). The 'reference' implementation keeps
+  (docs/kernels.md: "RowsDense"). The 'reference' implementation keeps
   `core.Dense`, whose gradients it reproduces bit for bit.
   """
 
