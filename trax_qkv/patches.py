@@ -235,21 +235,17 @@ def _route_attention():
       routed.tl = registry.LayersView(name)
     else:
       skipped.append(f'{name} (its tl is not trax.layers)')
-  for site in sites:
-    for module_name, function in site.defaults:
-      fn = getattr(module(module_name), function, None)
-      defaults = getattr(fn, '__defaults__', None) or ()
-      routed = tuple(
-        registry.Dispatcher(site.name, d) if site.is_trax_layer(d) else d
-        for d in defaults
-      )
-      if routed != defaults:
-        fn.__defaults__ = routed
-      elif not any(isinstance(d, registry.Dispatcher) for d in defaults):
-        skipped.append(
-          f'{module_name}.{function} (no default is trax.layers.'
-          f'{site.trax_name})'
-        )
+  for module_name, function in registry.DEFAULT_HOLDERS:
+    fn = getattr(module(module_name), function, None)
+    defaults = getattr(fn, '__defaults__', None) or ()
+    routed = tuple(
+      registry.Dispatcher(site, d) if (site := registry.trax_site(d)) else d
+      for d in defaults
+    )
+    if routed != defaults:
+      fn.__defaults__ = routed
+    elif not any(isinstance(d, registry.Dispatcher) for d in defaults):
+      skipped.append(f"{module_name}.{function} (no default is Trax's layer)")
   return sorted(set(skipped))
 
 

@@ -5,20 +5,11 @@
   'causal_attention' CausalAttention  DecoderSelfAttention     decoders, LMs
   'cross_attention'  AttentionQKV     EncoderDecoderAttention  encoder-decoder
 
-Patch 8 (`trax_qkv.patches`) puts a `Dispatcher` wherever a `Site` record
-says trax.models builds the site's layer. Until a choice is made it builds
-Trax's layer and leaves no trace: no gin record, and each layer names the
-model's line as its caller, as without trax_qkv. A choice is a name of
-`attention_implementations(site)` ('trax', a kernel: 'reference' --
-bit-identical --, 'fused', 'chunked', 'cudnn', 'auto', or a registered
-name), made in gin (`trax_qkv.EncoderDecoderAttention.implementation =
-'auto'`, every build), in a `use_attention(...)` block (the builds of its
-thread and asyncio task while it is open; wins over gin), or by
-`with_attention(model_fn, ...)`, which opens that block around every call
-(`trainer_lib`'s train, eval and predict builds). Gin's operative config,
-which Trax saves as config.gin, then names the choice, so that file builds
-the same model where trax_qkv is imported; a factory passed as itself, not
-by a registered name, cannot be written there.
+Patch 8 puts a `Dispatcher` wherever trax.models builds a site's layer:
+Trax's layer, without a trace (no gin record, callers the model's lines),
+until a name of `attention_implementations(site)` is chosen in gin (every
+build), by `use_attention` (its thread's builds; wins over gin) or by
+`with_attention`. The operative gin config (Trax's config.gin) names it.
 """
 
 import contextlib
@@ -50,20 +41,15 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @dataclasses.dataclass(frozen=True)
 class Site:
-  """One place where trax.models builds attention; everything per site
-  derives from these records.
+  """One place where trax.models builds attention.
 
   Attributes:
-    name: the site's name in `use_attention`, `register_attention`,
-      model.json and `--sites`.
+    name: in `use_attention`, `register_attention`, model.json, `--sites`.
     trax_name: the `trax.layers` name Trax's models build there.
     ours: trax_qkv's drop-in, registered under every kernel name.
     dispatcher: the gin name (module `trax_qkv`) of the site's dispatcher.
     role: what the site is, in words.
-    modules: the modules of trax.models that call `tl.<trax_name>` while
-      building a model.
-    defaults: (module, function) of the trax.models functions with a
-      parameter that defaults to the layer, bound when Trax is imported.
+    modules: the modules of trax.models that call `tl.<trax_name>`.
   """
 
   name: str
@@ -72,61 +58,46 @@ class Site:
   dispatcher: str
   role: str
   modules: tuple
-  defaults: tuple = ()
 
   @property
   def builtin(self):
-    """Trax's layer, as `trax.layers` holds it now (a user's replacement
-    of it included, as trax.models itself would call it)."""
+    """Trax's layer as `trax.layers` holds it now, as trax.models calls it."""
     return getattr(trax.layers, self.trax_name)
 
-  def is_trax_layer(self, value):
-    """Whether `value` is the function Trax defines for this site, or a
-    wrapper of it that says so (`functools.wraps`, gin)."""
-    defined = inspect.unwrap(getattr(trax_attention, self.trax_name))
-    return callable(value) and inspect.unwrap(value) is defined
 
-
-SITES = {
-  site.name: site
-  for site in (
-    Site(
-      'self_attention',
-      'Attention',
-      layers.Attention,
-      'EncoderSelfAttention',
-      'encoder self-attention',
-      modules=(_TRANSFORMER, _REZERO),
-      defaults=(
-        (_CONFIGURABLE, 'ConfigurableTransformerEncoder'),
-        (_CONFIGURABLE, 'ConfigurableTransformer'),
-        (_TRANSFORMER2, 'Transformer2'),
-      ),
-    ),
-    Site(
-      'causal_attention',
-      'CausalAttention',
-      layers.CausalAttention,
-      'DecoderSelfAttention',
-      'decoder causal self-attention',
-      modules=(_TRANSFORMER, _REZERO),
-      defaults=(
-        (_CONFIGURABLE, 'ConfigurableTransformerLM'),
-        (_CONFIGURABLE, 'ConfigurableTransformer'),
-        (_TRANSFORMER2, 'Transformer2'),
-      ),
-    ),
-    Site(
-      'cross_attention',
-      'AttentionQKV',
-      layers.AttentionQKV,
-      'EncoderDecoderAttention',
-      'encoder-decoder (cross-) attention',
-      modules=(_TRANSFORMER, _RNN, _REZERO, _CONFIGURABLE),
-    ),
-  )
-}
+# fmt: off
+SITES = {site.name: site for site in (
+  Site('self_attention', 'Attention', layers.Attention, 'EncoderSelfAttention',
+       'encoder self-attention', (_TRANSFORMER, _REZERO)),
+  Site('causal_attention', 'CausalAttention', layers.CausalAttention,
+       'DecoderSelfAttention', 'decoder causal self-attention',
+       (_TRANSFORMER, _REZERO)),
+  Site('cross_attention', 'AttentionQKV', layers.AttentionQKV,
+       'EncoderDecoderAttention', 'encoder-decoder (cross-) attention',
+       (_TRANSFORMER, _RNN, _REZERO, _CONFIGURABLE)),
+)}
+# fmt: on
+# The trax.models functions with parameters whose defaults are Trax's
+# layer of a site, bound when Trax is imported (six `*attention_type`).
+DEFAULT_HOLDERS = (
+  (_CONFIGURABLE, 'ConfigurableTransformerEncoder'),
+  (_CONFIGURABLE, 'ConfigurableTransformerLM'),
+  (_CONFIGURABLE, 'ConfigurableTransformer'),
+  (_TRANSFORMER2, 'Transformer2'),
+)
 _REGISTRY = {site: {} for site in SITES}
+
+
+def trax_site(value):
+  """The site whose Trax layer `value` is (or says it wraps: gin,
+  `functools.wraps`), else None."""
+  for site in SITES.values():
+    trax_layer = inspect.unwrap(getattr(trax_attention, site.trax_name))
+    if callable(value) and inspect.unwrap(value) is trax_layer:
+      return site.name
+  return None
+
+
 _overrides = {
   site: contextvars.ContextVar(f'trax_qkv_{site}', default=None)
   for site in SITES
@@ -147,21 +118,16 @@ def register_attention(site, name, factory):
   Args:
     site: 'self_attention', 'causal_attention' or 'cross_attention'.
     name: the registry key, used in gin and in `use_attention`.
-    factory: called with exactly what a model passes to the site's
-        built-in (`tl.Attention`, `tl.CausalAttention`, `tl.AttentionQKV`):
-        `d_feature`, then mostly keywords (`n_heads`, `dropout`, `mode`,
-        `max_inference_length`, `cache_KV_in_predict`, ...), and some
-        models pass their own (ConfigurableTransformer: `q_sparsity`,
-        `result_sparsity`), so take `**kwargs` and refuse what you cannot
+    factory: called with what a model passes to the site's built-in:
+        `d_feature`, then keywords (`n_heads`, `mode`, ...); some models add
+        their own (`q_sparsity`): take `**kwargs`, refuse what you cannot
         honour. Returns a layer with the built-in's inputs and outputs.
   """
   check_site(site)
   if not isinstance(name, str) or not name:
     raise TypeError(f'name must be a non-empty str; got {name!r}.')
   if name == BUILTIN:
-    raise ValueError(
-      f"name must not be {BUILTIN!r}, which is Trax's own layer; got {name!r}."
-    )
+    raise ValueError(f"name must not be 'trax' (Trax's layer); got {name!r}.")
   if not callable(factory):
     raise TypeError(f'factory for {name!r} must be callable; got {factory!r}.')
   _REGISTRY[site][name] = factory
@@ -174,15 +140,12 @@ def attention_implementations(site):
 
 
 def rename(old, new, warn):
-  """Makes `old` resolve as `new` everywhere, calling `warn(old, new)`
-  each time it is used (`trax_qkv.compat` keeps the first release's
-  names this way)."""
+  """`old` resolves as `new`, calling `warn(old, new)` (`trax_qkv.compat`)."""
   _RENAMED[old] = (new, warn)
 
 
 def canonical_name(implementation):
-  """Today's name for `implementation`; factories and unknown names are
-  returned as they are."""
+  """Today's name for `implementation`; anything else as it is."""
   if isinstance(implementation, str) and implementation in _RENAMED:
     new, warn = _RENAMED[implementation]
     warn(implementation, new)
@@ -191,20 +154,9 @@ def canonical_name(implementation):
 
 
 def resolve_attention(site, implementation):
-  """The layer factory `implementation` stands for in `site`.
-
-  Args:
-    site: a name of SITES.
-    implementation: a registered name ('trax', ...), a kernel name or
-      'auto' (trax_qkv's layer of the site with that implementation), or a
-      layer factory (returned as it is).
-
-  Returns:
-    A callable taking the arguments of the site's `trax.layers` layer.
-
-  Raises:
-    ValueError: an unknown site or name.
-  """
+  """The layer factory that `implementation` (a name of
+  `attention_implementations(site)`, or a factory, returned as it is)
+  stands for in `site`; ValueError for an unknown site or name."""
   check_site(site)
   if callable(implementation):
     return implementation
@@ -215,21 +167,16 @@ def resolve_attention(site, implementation):
     return _REGISTRY[site][implementation]
   if isinstance(implementation, str) and implementation in kernels.names():
     return functools.partial(SITES[site].ours, implementation=implementation)
+  names = attention_implementations(site)
   raise ValueError(
-    f'{site} implementation must be one of '
-    f'{attention_implementations(site)} or a layer factory; got '
-    f'{implementation!r}.'
+    f'{site} implementation must be one of {names} or a layer factory; '
+    f'got {implementation!r}.'
   )
 
 
 def check_attention(attention):
-  """Raises unless `attention` is None or a dict mapping sites to names
-  (or factories) they accept.
-
-  Raises:
-    TypeError: `attention` is not a dict.
-    ValueError: an unknown site or name (`resolve_attention`).
-  """
+  """Raises TypeError unless `attention` is None or a dict, ValueError
+  unless it maps sites to names (or factories) they accept."""
   if attention is None:
     return
   if not isinstance(attention, dict):
@@ -251,21 +198,19 @@ def _chosen(implementations):
   return chosen
 
 
+def _walk(layer):
+  yield layer
+  for sublayer in layer.sublayers:
+    yield from _walk(sublayer)
+
+
 @contextlib.contextmanager
 def use_attention(**implementations):
-  """Within the block, this thread builds trax.models' attention with these.
-
-  Args:
-    **implementations: site name (`self_attention`, `causal_attention`,
-      `cross_attention`: `SITES`) -> a registered name ('trax',
-      'reference', 'auto', ...) or a layer factory; None leaves the site as
-      it is (the gin binding, or an enclosing block). Every site and name is
-      checked before anything is built.
-  """
-  tokens = [
-    (site, _overrides[site].set(name))
-    for site, name in _chosen(implementations).items()
-  ]
+  """Within the block, this thread (and asyncio task) builds trax.models'
+  attention with `implementations`: site -> a name or a factory; None
+  leaves a site as it is. Every one is checked before anything is built."""
+  chosen = _chosen(implementations).items()
+  tokens = [(site, _overrides[site].set(name)) for site, name in chosen]
   try:
     yield
   finally:
@@ -274,12 +219,10 @@ def use_attention(**implementations):
 
 
 def with_attention(model, **implementations):
-  """`model` (a model function, e.g. `trax.models.Transformer`) whose
-  every call builds inside `use_attention(**implementations)`: for code
-  that builds later, elsewhere, or several times (`trainer_lib.train(
-  model=...)`'s train, eval and predict models). In gin: `train.model =
-  @trax_qkv.with_attention()`, `with_attention.model =
-  @trax.models.Transformer`, `with_attention.cross_attention = 'auto'`."""
+  """`model` (e.g. `trax.models.Transformer`) building every call inside
+  `use_attention(**implementations)`, for builds later or elsewhere
+  (`trainer_lib`'s train and eval models). Gin: `train.model =
+  @trax_qkv.with_attention()`, `with_attention.model = ...`."""
   if not callable(model):
     raise TypeError(f'model must be a model function; got {model!r}.')
   chosen = _chosen(implementations)
@@ -296,8 +239,7 @@ gin.external_configurable(with_attention, module='trax_qkv')
 
 
 def _model_frame():
-  """The frame Trax would name as the caller of a layer built here: the
-  first outside this file, trax/layers and gin (`base._find_frame`)."""
+  """The caller Trax names: the first frame out of here (`_find_frame`)."""
   frame = sys._getframe(1)
   while (
     frame.f_code.co_filename == __file__
@@ -307,45 +249,36 @@ def _model_frame():
   return frame
 
 
-def _walk(layer):
-  yield layer
-  for sublayer in layer.sublayers:
-    yield from _walk(sublayer)
-
-
 def _record(site, implementation):
   """Writes a block's choice where gin records what each call used, as if
   gin had bound it: Trax saves that record as config.gin. (Gin has no
   public way to add to it; trax_qkv requires gin-config 0.5.0.)"""
   key = (gin.current_scope_str(), f'trax_qkv.{SITES[site].dispatcher}')
   with gin.config._OPERATIVE_CONFIG_LOCK:
-    gin.config._OPERATIVE_CONFIG.setdefault(key, {})['implementation'] = (
-      implementation
+    gin.config._OPERATIVE_CONFIG.setdefault(key, {}).update(
+      implementation=implementation
     )
 
 
 def _check_call(factory, site, implementation, args, kwargs, frame):
-  """TypeError, naming the model and the arguments, where `factory`
-  cannot take what the model passes (checked before it runs, so that
-  configurable_transformer's fall-back on TypeError still works)."""
+  """TypeError, naming the model, if `factory` cannot take its arguments."""
   try:
     inspect.signature(factory).bind(*args, **kwargs)
   except ValueError:  # no signature to check: the call will tell
     return
   except TypeError as error:
-    where = f'{frame.f_globals.get("__name__")}.{frame.f_code.co_name}'
     raise TypeError(
       f'{site} implementation {implementation!r} cannot be built where '
-      f'{where} (line {frame.f_lineno}) builds trax.layers.'
-      f'{SITES[site].trax_name} with {args} {kwargs}: {error}. A factory '
-      "takes the built-in's arguments and **kwargs for the ones some "
-      'models add.'
+      f'{frame.f_globals.get("__name__")}.{frame.f_code.co_name} (line '
+      f'{frame.f_lineno}) builds trax.layers.{SITES[site].trax_name}'
+      f"{args} {kwargs}: {error}. A factory takes the built-in's arguments"
+      ' and **kwargs for the ones some models add.'
     ) from None
 
 
 def _build(site, implementation, builtin, args, kwargs):
-  """The layer `site` builds for `implementation` (None: nothing chosen,
-  `builtin`, else `trax.layers`' layer). A block's choice wins."""
+  """The layer `site` builds: a block's choice, else `implementation`,
+  else (None) `builtin` or `trax.layers`' layer."""
   chosen = _overrides[site].get()
   if chosen is not None:
     if isinstance(chosen, str) and chosen != BUILTIN:
@@ -359,9 +292,8 @@ def _build(site, implementation, builtin, args, kwargs):
     factory = resolve_attention(site, chosen)
     _check_call(factory, site, chosen, args, kwargs, frame)
     layer = factory(*args, **kwargs)
-  # Layers built by this module or by trax_qkv's own layers name the
-  # model's line, as the built-in's do without trax_qkv; a user's factory
-  # keeps its own lines.
+  # What trax_qkv built names the model's line, as Trax's layers do
+  # without trax_qkv; a user's factory keeps its own lines.
   model_line = {'filename': frame.f_code.co_filename, 'lineno': frame.f_lineno}
   for part in _walk(layer):
     if part._caller['filename'].startswith(_PACKAGE_DIR + os.sep):
@@ -370,17 +302,14 @@ def _build(site, implementation, builtin, args, kwargs):
 
 
 def _gin_dispatcher(site):
-  """The site's gin configurable: `@trax_qkv.<dispatcher>` in a config, or
-  its `implementation` bound there."""
+  """The site's gin configurable, `trax_qkv.<dispatcher>`."""
 
   def dispatcher(*args, implementation=None, **kwargs):
     return _build(site.name, implementation, None, args, kwargs)
 
   dispatcher.__name__ = dispatcher.__qualname__ = site.dispatcher
-  dispatcher.__doc__ = f"""The {site.role}: `trax.layers.{site.trax_name}`
-  (its arguments, passed on as given) unless `implementation` (a name of
-  `attention_implementations({site.name!r})` or a factory) or a
-  `use_attention` block, which wins, chooses another."""
+  dispatcher.__doc__ = f"""The {site.role}: `tl.{site.trax_name}(*args,
+  **kwargs)` unless `implementation` or a block chooses another."""
   return gin.configurable(site.dispatcher, module='trax_qkv')(dispatcher)
 
 
@@ -391,12 +320,9 @@ EncoderDecoderAttention = DISPATCHERS['cross_attention']
 
 
 class Dispatcher:
-  """What patch 8 puts where trax.models builds a site's layer.
-
-  Called, it builds `builtin` (a default argument Trax bound), or where
-  that is None `trax.layers`' layer as it is now, unless a block or a gin
-  binding of the site's dispatcher chooses; only then does gin see it.
-  """
+  """What patch 8 puts where trax.models builds a site's layer: unless a
+  block or a gin binding chooses (only then does gin see the call), it
+  builds `builtin` (a default Trax bound) or `trax.layers`' layer now."""
 
   def __init__(self, site, builtin=None):
     self.site, self.builtin = site, builtin
@@ -409,34 +335,24 @@ class Dispatcher:
     return _build(self.site, None, self.builtin, args, kwargs)
 
   def __repr__(self):
-    site = SITES[self.site]
-    return (
-      f'<trax_qkv.{site.dispatcher}: trax.layers.{site.trax_name} unless '
-      'trax_qkv.use_attention or gin chooses another>'
-    )
+    s = SITES[self.site]
+    return f'<trax_qkv.{s.dispatcher}: tl.{s.trax_name} until chosen>'
 
 
 class LayersView(types.ModuleType):
   """`trax.layers` as one module of trax.models sees it: a `Dispatcher`
-  for each site that module builds, every other name looked up in
-  `trax.layers` when it is used."""
+  for each site that module builds, every other name `trax.layers`'s,
+  looked up when it is used."""
 
   def __init__(self, module_name):
     super().__init__('trax.layers')
-    self.routed_from = module_name
-    self.sites = {
-      site.trax_name: Dispatcher(site.name)
-      for site in SITES.values()
-      if module_name in site.modules
-    }
+    for site in SITES.values():
+      if module_name in site.modules:
+        setattr(self, site.trax_name, Dispatcher(site.name))
 
-  def __getattr__(self, name):
-    if name in self.sites:
-      return self.sites[name]
+  def __getattr__(self, name):  # a name __init__ did not set
     return getattr(trax.layers, name)
 
   def __repr__(self):
-    return (
-      f'<trax.layers as {self.routed_from} sees it: '
-      f'{", ".join(self.sites)} through trax_qkv>'
-    )
+    names = [k for k, v in vars(self).items() if isinstance(v, Dispatcher)]
+    return f'<trax.layers, {", ".join(names)} dispatched by trax_qkv>'
