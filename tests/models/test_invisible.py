@@ -9,9 +9,11 @@ import threading
 import gin
 from helpers import TINY_TRANSFORMER
 from helpers import walk_layers
+import numpy as np
 import pytest
 import trax
 from trax.models import transformer as trax_transformer
+from trax.supervised import trainer_lib
 
 import trax_qkv
 from trax_qkv import import_patches
@@ -90,8 +92,18 @@ def test_saved_config_is_plain_trax_until_chosen_then_names_the_choice(
   assert 'trax_qkv' not in ours and 'Attention' in ours
 
   gin.clear_config()
-  chosen = trax_qkv.with_attention(_transformer, cross_attention='auto')
-  config = loop_config(str(tmp_path / 'auto'), chosen)
+  # trainer_lib builds the train and the eval model, each a call of model.
+  src = np.arange(1, 9, dtype=np.int32).reshape(2, 4)
+  batches = lambda n_devices: iter(lambda: (src, src, src > 0), None)  # noqa: E731
+  loop = trainer_lib.train(
+    str(tmp_path / 'auto'),
+    model=trax_qkv.with_attention(_transformer, cross_attention='auto'),
+    inputs=lambda: trax.data.inputs.Inputs(batches, batches),
+    steps=1, eval_steps=1, eval_frequency=1,
+  )  # fmt: skip
+  for model in (loop.model, loop.eval_model):
+    assert _cores(model, 'trax_qkv') == ['PureAttention']
+  config = (tmp_path / 'auto' / 'config.gin').read_text()
   assert "EncoderDecoderAttention.implementation = 'auto'" in config
   assert 'EncoderSelfAttention' not in config  # nothing chosen there
   gin.clear_config()
@@ -168,3 +180,15 @@ def test_a_factory_that_refuses_an_argument_is_named_with_the_model(
   message = str(error.value)
   assert 'trax.models.research.configurable_transformer.' in message
   assert "'q_sparsity'" in message and '**kwargs' in message
+
+
+def test_with_attention_from_gin():
+  gin.parse_config(
+    'import trax_qkv\n'
+    'import trax.models\n'
+    'trax_qkv.with_attention.model = @trax.models.Transformer\n'
+    "trax_qkv.with_attention.cross_attention = 'reference'\n"
+  )
+  model_fn = gin.get_configurable('trax_qkv.with_attention')()
+  model = model_fn(VOCAB, mode='eval', **MODEL)
+  assert _cores(model, 'trax_qkv') == ['PureAttention']
