@@ -204,7 +204,7 @@ def plain_arrays(path):
     while True:
       try:
         arrays.append(np.load(f, allow_pickle=False))
-      except Exception:
+      except EOFError:  # the end of the file, and nothing else
         return arrays
 
 

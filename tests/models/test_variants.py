@@ -31,6 +31,10 @@ def _of_kind(model, kind):
   return [layer for layer in walk_layers(model) if type(layer).__name__ == kind]
 
 
+def _size(weights):
+  return sum(np.size(x) for x in jax.tree_util.tree_leaves(weights))
+
+
 def _batch():
   rs = np.random.RandomState(0)
   src = rs.randint(1, VOCAB, size=(2, 6)).astype(np.int32)
@@ -54,7 +58,14 @@ def test_variant_in_every_site_trains_and_decodes_as_it_evaluates(
     + 2 * (TINY_TRANSFORMER['n_decoder_layers'])
   )
   assert shared == (sites if name == 'shared_projection' else 0)
-  w, s = model.init(shapes.signature((src, tgt, tgt)), rng=RNG)
+  signature = shapes.signature((src, tgt, tgt))
+  w, s = model.init(signature, rng=RNG)
+  # Each site drops its 3 input Dense (no_projection), or 2 of them
+  # (shared): d_model x d_model weights and d_model biases each.
+  d = TINY_TRANSFORMER['d_model']
+  dropped = {'no_projection': 3, 'shared_projection': 2, 'one_head': 0}
+  full = _transformer('reference', 'eval').init(signature, rng=RNG)[0]
+  assert _size(w) == _size(full) - dropped[name] * sites * (d * d + d)
 
   def loss(weights):
     logits = model.pure_fn((src, tgt, tgt), weights, s, RNG)[0][0]
@@ -140,10 +151,11 @@ def test_head_measures_on_hand_made_distributions():
 
 def test_head_measures_leave_out_padding():
   # Sentence 2 has 2 real source positions and 1 real target position; its
-  # padded rows and columns (nonsense here) must not count.
+  # padded rows and columns (nonsense here, half of each real row's weight
+  # among them) must not count: counted, every measure would change.
   w = np.zeros((2, 2, 2, 4))
   w[0, :, :, 0] = 1.0
-  w[1, :, 0, :2] = [[1.0, 0.0], [0.0, 1.0]]
+  w[1, :, 0, :] = [[0.5, 0.0, 0.5, 0.0], [0.0, 0.5, 0.0, 0.5]]
   w[1, :, 1, :] = 0.25
   got = head_measures.layer_measures(w, [4, 2], [2, 1])
   # Rows: 2 + 2 (sentence 1, identical heads) and 1 + 1 (disjoint heads).

@@ -82,7 +82,7 @@ def _assert_same_run(dir_a, dir_b):
   meta_a, weights_a, slots_a = _checkpoint(dir_a)
   meta_b, weights_b, slots_b = _checkpoint(dir_b)
   assert meta_a['step'] == meta_b['step']
-  for a, b in zip(weights_a + slots_a, weights_b + slots_b):
+  for a, b in zip(weights_a + slots_a, weights_b + slots_b, strict=True):
     assert np.array_equal(a, b)
   history_a, history_b = meta_a['history'], meta_b['history']
   for mode in ('train', 'eval'):
@@ -242,9 +242,10 @@ def test_sigkill_while_writing_keeps_the_previous_checkpoint(tmp_path):
   assert checkpointing.checkpoint_step(str(out)) == 2
   restarted = _tiny_loop(out)
   assert restarted.step == 2
+  assert not [n for n in os.listdir(out) if n.startswith('.')]  # cleared
   straight = _tiny_loop(tmp_path / 'straight')
   straight.run(2)
-  for a, b in zip(_weights(straight), _weights(restarted)):
+  for a, b in zip(_weights(straight), _weights(restarted), strict=True):
     assert np.array_equal(a, b)
   assert np.array_equal(np.asarray(straight._rng), np.asarray(restarted._rng))
   restarted.run(1)  # and writes step 3 over the remains
@@ -265,7 +266,7 @@ def test_kill_after_commit_is_completed_on_restart(tmp_path, monkeypatch):
   assert checkpointing.checkpoint_step(str(tmp_path)) == 2
   restarted = _tiny_loop(tmp_path)
   assert restarted.step == 3
-  for a, b in zip(_weights(loop), _weights(restarted)):
+  for a, b in zip(_weights(loop), _weights(restarted), strict=True):
     assert np.array_equal(a, b)
   assert np.array_equal(np.asarray(loop._rng), np.asarray(restarted._rng))
 
@@ -358,7 +359,7 @@ def test_disk_full_while_writing_keeps_the_previous_checkpoint(
   assert not [n for n in os.listdir(tmp_path) if n.startswith('.')]
   restarted = _tiny_loop(tmp_path)
   assert restarted.step == 2
-  for a, b in zip(at_step_2, _weights(restarted)):
+  for a, b in zip(at_step_2, _weights(restarted), strict=True):
     assert np.array_equal(a, b)
 
 
@@ -412,5 +413,5 @@ def test_two_device_data_parallel_matches_one_device(tmp_path):
   loss_1 = [v for _, v in meta_1['history']['_values']['train'][loss]]
   loss_2 = [v for _, v in meta_2['history']['_values']['train'][loss]]
   np.testing.assert_allclose(loss_2, loss_1, rtol=DATA_PARALLEL_LOSS_RTOL)
-  for a, b in zip(weights_1, weights_2):
+  for a, b in zip(weights_1, weights_2, strict=True):
     np.testing.assert_allclose(b, a, rtol=0, atol=DATA_PARALLEL_WEIGHTS_ATOL)

@@ -28,6 +28,7 @@ import trax
 from trax import layers as tl
 from trax import shapes
 from trax.data import inputs as trax_inputs
+from trax.layers import base as trax_layers_base
 from trax.supervised import decoding as trax_decoding
 from trax.supervised import history as trax_history
 from trax.supervised import lr_schedules
@@ -149,8 +150,12 @@ def test_the_plain_baseline_is_trax_own_reading(tmp_path):
   with patches.trax_checkpoint_reading():
     for module in patches._CHECKPOINT_READERS:
       assert module.pickle is pickle
-    assert tl.np_from_file.__module__ == 'trax.layers.base'
+    # Both names Trax's code reads it by: Trax's own function.
+    assert tl.np_from_file is patches._original_np_from_file
+    assert trax_layers_base.np_from_file is patches._original_np_from_file
     assert trax_training.unpickle_from_file(path, gzip=True)['odd'].a == 1
+  assert tl.np_from_file is checkpoint_files.np_from_file
+  assert trax_layers_base.np_from_file is checkpoint_files.np_from_file
   with pytest.raises(checkpoint_files.UnsafeCheckpointError):
     trax_training.unpickle_from_file(path, gzip=True)
 
