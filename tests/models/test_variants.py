@@ -163,3 +163,29 @@ def test_head_measures_leave_out_padding():
   assert got['divergence'] == pytest.approx((0 + 0 + 1) / 3)
   with pytest.raises(ValueError, match='source_lengths'):
     head_measures.layer_measures(w, [4, 5], [2, 1])
+
+
+def test_model_measures_average_every_real_row_whatever_the_batches():
+  """Batches of different sizes and lengths weigh each real row once: the
+  result does not depend on how the sentences were batched."""
+  rs = np.random.RandomState(1)
+  lengths = [(3, 2), (5, 4), (2, 5), (4, 1), (6, 3)]
+  maps = [rs.dirichlet(np.ones(s), size=(2, 3, t)) for s, t in lengths]
+
+  def reader(src, tgt):  # one layer, (batch, heads, Lq, Lk), padded
+    w = np.full((len(src), 3, max(map(len, tgt)), max(map(len, src))), 0.5)
+    for i, (s, t) in enumerate(zip(src, tgt, strict=True)):
+      w[i, :, : len(t), : len(s)] = maps[s[0]][0]
+    return [w]
+
+  src = [[i] * s for i, (s, _) in enumerate(lengths)]
+  tgt = [[i] * t for i, (_, t) in enumerate(lengths)]
+  one_by_one = head_measures.model_measures(reader, src, tgt, batch_size=1)
+  for batch_size in (2, 5):
+    got = head_measures.model_measures(reader, src, tgt, batch_size)
+    for key, values in got.items():
+      assert values == pytest.approx(one_by_one[key], rel=1e-12), key
+  # And each row counted once: the entropy is the mean over all rows.
+  rows = [row for m in maps for row in m[0].reshape(-1, m.shape[-1])]
+  entropy = np.mean([-np.sum(row * np.log2(row)) for row in rows])
+  assert one_by_one['entropy'] == [pytest.approx(entropy, rel=1e-12)]

@@ -259,7 +259,7 @@ def test_beam_log_probs_are_the_models(checkpoint):
     logits = eval_model((np.array([source], np.int32), target))[0]
     log_softmax = jax.nn.log_softmax(logits[0], axis=-1)
     expected = jnp.sum(log_softmax[np.arange(target.shape[1]), target[0]])
-    np.testing.assert_allclose(log_prob, float(expected), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(log_prob, float(expected), rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize('n_beams', [1, 3])

@@ -180,7 +180,13 @@ def test_attention_as_json_and_png(server, model_dir):
     targets,
   )
   assert len(answer['weights']) == len(weights)
-  for got, want in zip(answer['weights'], weights):
+  # Cross-attention, by its shape: each target token over the source
+  # tokens (of other lengths here), not the encoder's self-attention.
+  n_src, n_tgt = len(sources), len(targets)
+  assert n_src != n_tgt
+  for got, want in zip(answer['weights'], weights, strict=True):
+    assert np.shape(got)[1:] == (n_tgt, n_src)
+    assert np.allclose(np.sum(got, axis=-1), 1.0, atol=1e-5)
     assert np.array_equal(np.asarray(got, np.float32), want)
   # The server reuses its compiled viz model: a sentence of another shape
   # between, and the first one's answer is the same.

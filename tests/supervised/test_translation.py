@@ -316,7 +316,12 @@ def test_attention_map_holds_the_viz_mode_weights(tiny_run, tmp_path):
     config.n_layers,
   )
   assert len(written['weights']) == config.n_layers
-  for got, want in zip(written['weights'], expected):
+  # Cross-attention, by its shape: each target token over the source
+  # tokens (of other lengths here), not the encoder's self-attention.
+  lengths = (len(target_ids[0]), len(source_ids[0]))
+  assert lengths[0] != lengths[1]
+  for got, want in zip(written['weights'], expected, strict=True):
+    assert np.shape(got)[1:] == lengths
     assert np.array_equal(np.asarray(got, np.float32), want[0])
   assert written['head_measures'] == head_measures.measures(
     expected, [len(source_ids[0])], [len(target_ids[0])]
