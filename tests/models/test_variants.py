@@ -51,21 +51,33 @@ def test_variant_in_every_site_trains_and_decodes_as_it_evaluates(
   model = _transformer(name, 'eval')
   heads = {layer._n_heads for layer in _of_kind(model, 'PureAttention')}
   assert heads == ({1} if name == 'one_head' else {4})
-  shared = len(_of_kind(model, 'SharedDense'))
+  projections, _ = variants.VARIANTS[name]
   # Every site: the encoder's self-, the decoder's causal and cross-attention.
   sites = (
     TINY_TRANSFORMER['n_encoder_layers']
     + 2 * (TINY_TRANSFORMER['n_decoder_layers'])
   )
-  assert shared == (sites if name == 'shared_projection' else 0)
+  assert len(_of_kind(model, 'InputProjections')) == (
+    0 if projections is None else sites
+  )
   signature = shapes.signature((src, tgt, tgt))
   w, s = model.init(signature, rng=RNG)
-  # Each site drops its 3 input Dense (no_projection), or 2 of them
-  # (shared): d_model x d_model weights and d_model biases each.
-  d = TINY_TRANSFORMER['d_model']
-  dropped = {'no_projection': 3, 'shared_projection': 2, 'one_head': 0}
+  # Per site, what the record takes away from the three d x d Dense (and
+  # adds: a temperature per head), counted by hand.
+  d, h = TINY_TRANSFORMER['d_model'], TINY_TRANSFORMER['n_heads']
+  dense = d * d + d
+  changed = {
+    'no_projection': -3 * dense,
+    'no_projection_temperature': -3 * dense + h,
+    'shared_projection': -2 * dense,
+    'raw_values': -dense,
+    'raw_queries_keys': -2 * dense,
+    'shared_query_key': -dense,
+    'multi_query': -2 * (dense - (d * d // h + d // h)),
+    'one_head': 0,
+  }
   full = _transformer('reference', 'eval').init(signature, rng=RNG)[0]
-  assert _size(w) == _size(full) - dropped[name] * sites * (d * d + d)
+  assert _size(w) == _size(full) + changed[name] * sites
 
   def loss(weights):
     logits = model.pure_fn((src, tgt, tgt), weights, s, RNG)[0][0]
@@ -108,20 +120,28 @@ def test_variants_are_chosen_only_by_name():
   sizes = set()
   for name in ('trax', 'auto'):
     model = _transformer(name, 'eval')
-    assert not _of_kind(model, 'SharedDense')
+    assert not _of_kind(model, 'InputProjections')
     assert {layer._n_heads for layer in _of_kind(model, 'PureAttention')} == {4}
     w, _ = model.init(shapes.signature((src, tgt, tgt)), rng=RNG)
     sizes.add(sum(np.size(x) for x in jax.tree_util.tree_leaves(w)))
   assert len(sizes) == 1
 
 
-def test_bad_projection_is_named():
+def test_bad_projections_are_named():
   from trax_qkv.layers import variants as layers
 
-  with pytest.raises(ValueError, match='projection must be one of'):
-    layers.AttentionQKV('both', 16, n_heads=4)
+  with pytest.raises(TypeError, match='projections must be a Projections'):
+    layers.AttentionQKV('none', 16, n_heads=4)
+  with pytest.raises(ValueError, match='k must be one of'):
+    layers.Projections(k='both')
+  with pytest.raises(
+    ValueError, match="q must be one of \\('dense', 'none'\\)"
+  ):
+    layers.Projections(q='head')
+  with pytest.raises(ValueError, match='temperature'):
+    layers.Projections(temperature=True)
   with pytest.raises(ValueError, match='n_heads'):
-    layers.AttentionQKV('none', 16, n_heads=3)
+    layers.AttentionQKV(layers.Projections(), 16, n_heads=3)
 
 
 def _rows(*rows):

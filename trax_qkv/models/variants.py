@@ -4,16 +4,15 @@ site as a user registers their own attention:
     trax_qkv.register_attention('cross_attention', 'no_projection', factory)
 
 `factory` takes what trax.models passes to the site's built-in
-(`d_feature`, then `n_heads`, `dropout`, `mode`, ... by keyword) and
-returns a layer with the built-in's inputs and outputs. After `import
-trax_qkv`:
+(`d_feature`, then `n_heads`, `dropout`, `mode`, ... by keyword, and
+model-specific ones such as `q_sparsity`) and returns a layer with the
+built-in's inputs and outputs. After `import trax_qkv`:
 
-    with trax_qkv.use_attention(cross_attention='no_projection'):
+    with trax_qkv.use_attention(self_attention='raw_values'):
       model = trax.models.Transformer(...)
 
-or `trax-qkv-validate --implementations reference no_projection
-shared_projection one_head` (docs/why_three_dense.md). 'auto' and the
-defaults never choose them.
+or `trax-qkv-validate --implementations reference raw_values ...`
+(docs/why_three_dense.md). 'auto' and the defaults never choose them.
 """
 
 import functools
@@ -21,11 +20,21 @@ import functools
 from trax_qkv.layers import variants
 from trax_qkv.models import registry
 
-# name -> what it changes; `projection` of `trax_qkv.layers.variants`.
+P = variants.Projections
+# name -> its Projections (None: the three Dense, one head), and what it
+# takes away, in words.
 VARIANTS = {
-  'no_projection': 'none',
-  'shared_projection': 'shared',
-  'one_head': None,  # the three Dense, one head
+  'no_projection': (P('none', 'none', 'none'), 'Q, K and V unprojected'),
+  'no_projection_temperature': (
+    P('none', 'none', 'none', temperature=True),
+    'Q, K and V unprojected, a learned temperature per head',
+  ),
+  'shared_projection': (P('dense', 'q', 'q'), 'one Dense for Q, K and V'),
+  'raw_values': (P('dense', 'dense', 'none'), 'V unprojected'),
+  'raw_queries_keys': (P('none', 'none', 'dense'), 'Q and K unprojected'),
+  'shared_query_key': (P('dense', 'q', 'dense'), 'one Dense for Q and K'),
+  'multi_query': (P('dense', 'head', 'head'), 'one K and V head for all'),
+  'one_head': (None, 'one head'),
 }
 _PROJECTED = {
   'self_attention': variants.Attention,
@@ -41,10 +50,10 @@ def _one_head(site, d_feature, n_heads=1, **kwargs):
 
 def factory(site, name):
   """The layer factory of variant `name` in `site`."""
-  projection = VARIANTS[name]
-  if projection is None:
+  projections, _ = VARIANTS[name]
+  if projections is None:
     return functools.partial(_one_head, site)
-  return functools.partial(_PROJECTED[site], projection)
+  return functools.partial(_PROJECTED[site], projections)
 
 
 def register():
