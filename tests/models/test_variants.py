@@ -2,6 +2,9 @@
 `trax_qkv.models.variants`): real models that train and decode, never
 chosen unless named; and the head measures they are compared by."""
 
+import os
+
+from helpers import ROOT
 from helpers import TINY_TRANSFORMER
 from helpers import walk_layers
 import jax
@@ -106,6 +109,19 @@ def test_variant_in_every_site_trains_and_decodes_as_it_evaluates(
   for i in range(tgt.shape[1]):
     step = predict((src, shifted[:, i : i + 1]))[0]
     np.testing.assert_allclose(step[:, 0], logits[:, i], atol=1e-5)
+
+
+def test_costs_count_what_the_layer_holds():
+  d, h = 64, 8
+  x = np.zeros((1, 3, d), np.float32)
+  for name in ('reference', *variants.VARIANTS):
+    with trax_qkv.use_attention(self_attention=name):
+      layer = registry.EncoderSelfAttention(d, n_heads=h, mode='eval')
+    w, _ = layer.init(shapes.signature((x, np.ones((1, 1, 1, 3), bool))))
+    assert variants.costs(name, d, h)[0] == _size(w), name
+  # docs/why_three_dense.md holds the table of its Multi30k model's size.
+  with open(os.path.join(ROOT, 'docs', 'why_three_dense.md')) as f:
+    assert variants.cost_table(256, 8) in f.read()
 
 
 def test_variants_are_chosen_only_by_name():

@@ -60,3 +60,36 @@ def register():
   for site in registry.SITES:
     for name in VARIANTS:
       registry.register_attention(site, name, factory(site, name))
+
+
+def costs(name, d_feature, n_heads):
+  """(parameters, multiply-adds per token) of variant `name`'s projections
+  in one attention layer of width `d_feature` (the output Dense included;
+  'reference' for Trax's three Dense). Per token means per position, in
+  self-attention, that is query, key and value at once."""
+  projections, _ = VARIANTS.get(name, (None, None))
+  projections = projections or P()
+  dense, head = d_feature * d_feature, d_feature * d_feature // n_heads
+  params = {'dense': dense + d_feature, 'head': head + d_feature // n_heads}
+  mults = {'dense': dense, 'q': dense, 'head': head}
+  kinds = (projections.q, projections.k, projections.v, 'dense')  # + output
+  return (
+    sum(params.get(kind, 0) for kind in kinds)
+    + (n_heads if projections.temperature else 0),
+    sum(mults.get(kind, 0) for kind in kinds),
+  )
+
+
+def cost_table(d_feature, n_heads):
+  """Markdown: each variant's projections, parameters and multiply-adds."""
+  rows = [
+    '| variant | what changes | parameters | multiply-adds per token |',
+    '|---|---|---:|---:|',
+  ]
+  for name, (_, change) in {
+    'reference': (None, "Trax's layer: Q, K, V and output Dense"),
+    **VARIANTS,
+  }.items():
+    params, mults = costs(name, d_feature, n_heads)
+    rows.append(f'| `{name}` | {change} | {params:,} | {mults:,} |')
+  return '\n'.join(rows)
