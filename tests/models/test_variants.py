@@ -225,3 +225,61 @@ def test_model_measures_average_every_real_row_whatever_the_batches():
   rows = [row for m in maps for row in m[0].reshape(-1, m.shape[-1])]
   entropy = np.mean([-np.sum(row * np.log2(row)) for row in rows])
   assert one_by_one['entropy'] == [pytest.approx(entropy, rel=1e-12)]
+
+
+def test_score_measures_on_hand_made_queries_and_keys():
+  rs = np.random.RandomState(2)
+  x = rs.normal(size=(2, 3, 5, 4))
+  # q = k: a symmetric score, and (equal norms) the diagonal is each row's
+  # largest, so a position weighs itself most.
+  unit = x / np.linalg.norm(x, axis=-1, keepdims=True) * 3.0
+  same = head_measures.score_measures(unit, unit, [5, 5], causal=False)
+  assert same['asymmetry'] == 0.0
+  assert same['diagonal'] > 1 / 5
+  # An antisymmetric score (k = q rotated by 90 degrees in each plane).
+  rotated = np.stack(
+    [-unit[..., 1], unit[..., 0], -unit[..., 3], unit[..., 2]], -1
+  )
+  skew = head_measures.score_measures(unit, rotated, [5, 5], causal=False)
+  assert skew['asymmetry'] == pytest.approx(2.0)
+  assert skew['diagonal'] < same['diagonal']  # s_ii = 0: no longer the max
+  # Padding leaves the measures alone; causal rows see themselves only at 0.
+  padded = np.concatenate([unit, rs.normal(size=(2, 3, 2, 4)) * 9], axis=2)
+  assert head_measures.score_measures(padded, padded, [5, 5], False) == same
+  zeros = np.zeros((1, 1, 3, 4))
+  causal = head_measures.score_measures(zeros, zeros, [3], causal=True)
+  assert causal['diagonal'] == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+  with pytest.raises(ValueError, match='length per sentence'):
+    head_measures.score_measures(unit, unit, [5], causal=False)
+
+
+@pytest.mark.slow
+def test_self_attention_scores_of_a_model_as_the_mathematics_says(tmp_path):
+  """Unprojected queries and keys give symmetric scores in the encoder
+  and the decoder; Trax's projections do not."""
+  from trax_qkv.supervised import attention_maps
+
+  src, tgt = _batch()
+  lengths = ([6, 4], [5, 5])
+  measured = {}
+  for name in ('reference', 'no_projection'):
+    model = _transformer(name, 'eval')
+    model.init(shapes.signature((src, tgt)), rng=RNG)
+    path = str(tmp_path / f'{name}.pkl.gz')
+    model.save_to_file(path)
+
+    def model_fn(mode, name=name):
+      return _transformer(name, mode)
+
+    measured[name] = attention_maps.self_attention_scores(
+      model_fn, path,
+      [list(s[:n]) for s, n in zip(src, lengths[0], strict=True)],
+      [list(t[:n]) for t, n in zip(tgt, lengths[1], strict=True)],
+    )  # fmt: skip
+  layers = TINY_TRANSFORMER['n_encoder_layers']
+  for part in ('encoder', 'decoder'):
+    assert len(measured['reference'][part]['asymmetry']) == layers
+    assert min(measured['reference'][part]['asymmetry']) > 0.05
+    assert max(measured['no_projection'][part]['asymmetry']) < 1e-6
+    for diagonal in measured['no_projection'][part]['diagonal']:
+      assert 0 < diagonal < 1

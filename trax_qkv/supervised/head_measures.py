@@ -123,3 +123,46 @@ def model_measures(reader, source_ids, target_ids, batch_size=50):
     ]
     for key in per_batch[0]
   }
+
+
+def score_measures(q, k, lengths, causal):
+  """What the mathematics of docs/why_three_dense.md predicts of one
+  self-attention layer, from its queries and keys.
+
+  Args:
+    q, k: (batch, heads, L, d_head) projected queries and keys, as the
+      layer's kernel gets them; positions beyond a sentence's length are
+      padding.
+    lengths: per sentence, how many of the L positions are real.
+    causal: whether position i attends to positions 0..i only.
+
+  Returns:
+    A dict of floats: 'diagonal', the mean weight a position puts on
+    itself (over every real position of every head; with `causal`, 1 at
+    position 0 by construction); 'asymmetry', ‖S − Sᵀ‖ / ‖S‖ (Frobenius)
+    of the scores S = q kᵀ / √d_head over the real positions, before any
+    mask, averaged over sentences and heads: 0 for a symmetric score.
+  """
+  q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+  if q.ndim != 4 or q.shape != k.shape or len(lengths) != q.shape[0]:
+    raise ValueError(
+      'q and k must be (batch, heads, L, d_head) of one shape, with a '
+      f'length per sentence; got {q.shape}, {k.shape}, {list(lengths)}.'
+    )
+  diagonals, asymmetries = [], []
+  for qs, ks, n in zip(q, k, lengths, strict=True):
+    s = qs[:, :n] @ np.swapaxes(ks[:, :n], -1, -2) / np.sqrt(q.shape[-1])
+    norms = np.linalg.norm(s, axis=(-2, -1))
+    skew = np.linalg.norm(s - np.swapaxes(s, -1, -2), axis=(-2, -1))
+    asymmetries.append(
+      np.divide(skew, norms, out=np.zeros_like(skew), where=norms > 0)
+    )
+    if causal:
+      s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+    a = np.exp(s - s.max(axis=-1, keepdims=True))
+    a /= a.sum(axis=-1, keepdims=True)
+    diagonals.append(np.diagonal(a, axis1=-2, axis2=-1).ravel())
+  return dict(
+    diagonal=float(np.mean(np.concatenate(diagonals))),
+    asymmetry=float(np.mean(np.concatenate(asymmetries))),
+  )
