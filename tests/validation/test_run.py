@@ -114,6 +114,25 @@ def test_bad_config_is_rejected_before_any_work(tmp_path):
   assert not (tmp_path / 'out').exists()
 
 
+def _assert_same_attention_measures(summary, config, out):
+  """trax and reference are the same model: the same parameters, heads
+  and self-attention scores (each measured with the reference kernel),
+  the scores in report.md too."""
+  heads = summary['reference']['cross_attention_heads']
+  assert heads == summary['trax']['cross_attention_heads']
+  assert heads['sentences'] == config.max_test_sentences
+  assert len(heads['divergence']) == config.n_layers
+  assert 0 < heads['divergence'][0] < 1 and 0 < heads['peak'][0] <= 1
+  assert summary['trax']['parameters'] == summary['reference']['parameters']
+  scores = summary['reference']['self_attention_scores']
+  assert scores == summary['trax']['self_attention_scores']
+  for part in ('encoder', 'decoder'):
+    assert len(scores[part]['asymmetry']) == config.n_layers
+    assert 0 < scores[part]['diagonal'][0] < 1
+  report = (out / 'report.md').read_text()
+  assert '| encoder self-attention, weight on itself' in report
+
+
 @pytest.mark.slow
 def test_tiny_side_by_side_run_is_identical(tmp_path):
   config = tiny_validation_config(
@@ -157,13 +176,7 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
   assert summary['trax']['step_ms'] > 0
   assert '| training step, median (ms) |' in (out / 'report.md').read_text()
   assert 'training time' not in (out / 'report.md').read_text()
-  # The same model: the same parameters and the same heads.
-  heads = summary['reference']['cross_attention_heads']
-  assert heads == summary['trax']['cross_attention_heads']
-  assert heads['sentences'] == config.max_test_sentences
-  assert len(heads['divergence']) == config.n_layers
-  assert 0 < heads['divergence'][0] < 1 and 0 < heads['peak'][0] <= 1
-  assert summary['trax']['parameters'] == summary['reference']['parameters']
+  _assert_same_attention_measures(summary, config, out)
   # trax-qkv-compare: the table of the run, and both models' maps.
   assert (
     command('compare').main(

@@ -83,6 +83,7 @@ def render_table(runs):
         + ' | '.join(report.per_layer(h[key]) if h else 'n/a' for h in heads)
         + ' |'
       )
+    lines += report.score_rows([(summary, n) for n in names])
     lines.append('')
   return '\n'.join(lines)
 

@@ -196,6 +196,29 @@ def _head_rows(summary, labels):
   ]
 
 
+SCORE_ROWS = (
+  ('weight on itself', 'diagonal'),
+  ('score asymmetry |S - S^T| / |S|', 'asymmetry'),
+)
+
+
+def score_rows(columns):
+  """Table rows of the self-attention score measures per layer
+  (`attention_maps.self_attention_scores`), a cell per (summary, model
+  name) of `columns`; [] where no model has them (older runs, the LSTM)."""
+  scores = [s[name].get('self_attention_scores') for s, name in columns]
+  if not any(scores):
+    return []
+  n = max(m['sentences'] for m in scores if m)
+  return [
+    f'| {part} self-attention, {title} (per layer, {n} test sentences) | '
+    + ' | '.join(per_layer(m[part][key]) if m else 'n/a' for m in scores)
+    + ' |'
+    for part in ('encoder', 'decoder')
+    for title, key in SCORE_ROWS
+  ]
+
+
 def render_report(summary, labels):
   """report.md: one column per implementation (its name as label)."""
   rows = [
@@ -268,6 +291,7 @@ def render_report(summary, labels):
     ]
     lines.append(f'| {title} | ' + ' | '.join(cells) + ' |')
   lines += _head_rows(summary, labels)
+  lines += score_rows([(summary, label) for label in labels])
   first = summary[labels[0]]
   lines += [
     '',

@@ -390,8 +390,9 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
     parameters=int(
       sum(np.size(w) for w in jax.tree_util.tree_leaves(loop.model.weights))
     ),
-    cross_attention_heads=cross_attention_heads(
-      reader, corpus, hypotheses, log
+    cross_attention_heads=cross_attention_heads(reader, corpus, log),
+    self_attention_scores=self_attention_scores(
+      settings, checkpoint, corpus, log
     ),
   )
   log(
@@ -412,24 +413,48 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
 
 HEAD_SENTENCES = 200  # test sentences whose cross-attention is measured
 HEAD_BATCH = 50  # of them at a time
+SCORE_SENTENCES = 50  # test sentences whose self-attention scores are read
 
 
-def _targets(corpus, hypotheses, n):
-  """The first `n` greedy translations as ids to teacher-force, EOS last."""
-  return [corpus.vocab.encode(h) + [data_lib.EOS_ID] for h in hypotheses[:n]]
+def _targets(corpus, translations, n):
+  """The first `n` of `translations` as ids to teacher-force, EOS last."""
+  return [corpus.vocab.encode(t) + [data_lib.EOS_ID] for t in translations[:n]]
 
 
-def cross_attention_heads(reader, corpus, hypotheses, log=print):
+def cross_attention_heads(reader, corpus, log=print):
   """`head_measures.model_measures` of the cross-attention layers (read by
   `reader`, an `attention_maps.CrossAttentionReader`) over the first
-  `HEAD_SENTENCES` test sentences, teacher-forcing the model's own greedy
-  translations, with the number of sentences."""
+  `HEAD_SENTENCES` test sentences, teacher-forcing their reference
+  translations (every model measured on the same targets), with the
+  number of sentences."""
   n = min(HEAD_SENTENCES, len(corpus.source_ids))
   log(f'measuring the cross-attention heads on {n} test sentences ...')
   return dict(
     head_measures.model_measures(
-      reader, corpus.source_ids[:n], _targets(corpus, hypotheses, n),
+      reader, corpus.source_ids[:n], _targets(corpus, corpus.references, n),
       HEAD_BATCH,
+    ),
+    sentences=n,
+  )  # fmt: skip
+
+
+def self_attention_scores(settings, checkpoint, corpus, log=print):
+  """`attention_maps.self_attention_scores` (a position's weight on itself,
+  the scores' asymmetry) of a Transformer's encoder and decoder over the
+  first `SCORE_SENTENCES` test sentences, teacher-forcing their reference
+  translations, with the number of sentences; None for a model without
+  self-attention."""
+  if 'self_attention' not in settings[model_dir.ATTENTION]:
+    return None
+  n = min(SCORE_SENTENCES, len(corpus.source_ids))
+  log(f'measuring the self-attention scores on {n} test sentences ...')
+  measured = model_dir.model_fn(
+    settings, attention_maps.measured_attention(settings)
+  )
+  return dict(
+    attention_maps.self_attention_scores(
+      measured, checkpoint, corpus.source_ids[:n],
+      _targets(corpus, corpus.references, n),
     ),
     sentences=n,
   )  # fmt: skip
