@@ -84,6 +84,31 @@ def test_scores_use_sacrebleu():
   assert three['bleu'] is None and 'has 4 or more' in three['bleu_undefined']
 
 
+def test_paired_bootstrap_of_a_difference():
+  references = [f'a small dog number {i} runs in the park .' for i in range(40)]
+  worse = [r.replace('dog', 'cat') for r in references]
+  half = references[:20] + worse[20:]
+  # A system against itself: no difference, and no interval around it.
+  assert scoring.paired_bootstrap(references, [worse], [worse]) == (0, 0, 0)
+  delta, low, high = scoring.paired_bootstrap(
+    references, [worse, worse], [references, half], n_samples=200
+  )
+  # The observed difference is the mean over the two seeds of sacreBLEU's.
+  bleu = {
+    name: scoring.scores(h, references)['bleu_lowercase']
+    for name, h in (('worse', worse), ('ref', references), ('half', half))
+  }
+  expected = (
+    (bleu['ref'] - bleu['worse']) + (bleu['half'] - bleu['worse'])
+  ) / 2
+  assert delta == pytest.approx(expected)
+  assert 0 < low < delta < high
+  with pytest.raises(ValueError, match='same number'):
+    scoring.paired_bootstrap(references, [worse], [])
+  with pytest.raises(ValueError, match='1 hypotheses for 40 references'):
+    scoring.paired_bootstrap(references, [['x']], [['x']])
+
+
 def test_bad_config_is_rejected_before_any_work(tmp_path):
   bad = config_lib.ValidationConfig(d_model=30, n_heads=4)
   with pytest.raises(ValueError, match=r'd_model \(30\) must be divisible'):

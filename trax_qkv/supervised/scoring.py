@@ -75,3 +75,68 @@ def scores(hypotheses, references, tokenize='13a'):
       out[name] = None
       out['bleu_undefined'] = BLEU_UNDEFINED.format(n=missing[0])
   return out
+
+
+def _metric(name, tokenize):
+  return {
+    'bleu': lambda: BLEU(tokenize=tokenize),
+    'bleu_lowercase': lambda: BLEU(tokenize=tokenize, lowercase=True),
+    'chrf': CHRF,
+  }[name]()
+
+
+def paired_bootstrap(
+  references, baseline, systems, metric='bleu_lowercase', tokenize='13a',
+  n_samples=1000, seed=12345,
+):  # fmt: skip
+  """The difference in a corpus score between `systems` and `baseline`,
+  with a 95 % interval by paired bootstrap resampling of the test
+  sentences (sacreBLEU's paired test resamples them so).
+
+  Args:
+    references: one string per test sentence.
+    baseline, systems: per seed, one hypothesis per sentence; the two
+      lists pair seeds in order, and the difference is the mean over them.
+    metric: 'bleu', 'bleu_lowercase' or 'chrf', as `scores` names them.
+    tokenize: sacreBLEU's BLEU tokenizer.
+    n_samples: resamples of the test set, the same for every system.
+    seed: of the resampling.
+
+  Returns:
+    (difference, low, high): the observed difference of the seeds' mean
+    scores and the 2.5th and 97.5th percentiles of the resampled ones.
+  """
+  if len(baseline) != len(systems) or not baseline:
+    raise ValueError(
+      'baseline and systems must give the same number (>= 1) of seeds; '
+      f'got {len(baseline)} and {len(systems)}.'
+    )
+  scorer = _metric(metric, tokenize)
+
+  def stats(hypotheses):
+    if len(hypotheses) != len(references):
+      raise ValueError(
+        f'{len(hypotheses)} hypotheses for {len(references)} references.'
+      )
+    return np.array(
+      scorer._extract_corpus_statistics(hypotheses, [references]), np.float64
+    )
+
+  pairs = [(stats(b), stats(s)) for b, s in zip(baseline, systems)]
+
+  def difference(rows):
+    return np.mean(
+      [
+        scorer._compute_score_from_stats(s[rows].sum(0)).score
+        - scorer._compute_score_from_stats(b[rows].sum(0)).score
+        for b, s in pairs
+      ]
+    )
+
+  rng = np.random.default_rng(seed)
+  samples = [
+    difference(rng.integers(len(references), size=len(references)))
+    for _ in range(n_samples)
+  ]
+  low, high = np.percentile(samples, [2.5, 97.5])
+  return float(difference(slice(None))), float(low), float(high)
