@@ -1,6 +1,7 @@
-"""Drawing attention maps in any script, and progress of long work."""
+"""Reports: attention maps in any script, progress of long work, seeds."""
 
 import io
+import json
 import warnings
 
 from matplotlib import font_manager
@@ -111,3 +112,66 @@ def test_report_says_what_the_run_ran_on():
   assert environment.one_line(
     dict(e, cpu_vector_flags=['avx2'], xla_flags='--xla_cpu_max_isa=AVX2')
   ).endswith('Processor (AVX2); XLA_FLAGS `--xla_cpu_max_isa=AVX2`.')
+
+
+def _seed_run(tmp_path, seed, eval_losses, decodes, **config):
+  """A validation run's directory as trax-qkv-validate leaves it: its
+  summary.json (the entries the seeds table reads) and greedy decodes."""
+  run_dir = tmp_path / f'seed{seed}'
+  run_dir.mkdir()
+  base = dict(d_model=16, d_ff=32, n_layers=1, n_heads=2, dropout=0.0)
+  base.update(config, seed=seed, bleu_tokenize='13a')
+  base['implementations'] = list(eval_losses)
+  summary = dict(
+    seed=seed, config=base, test_sentences=len(decodes['reference'])
+  )
+  for name, loss in eval_losses.items():
+    summary[name] = dict(eval_loss=loss, eval_accuracy=1 - loss)
+    (run_dir / f'decodes_{name}.txt').write_text('\n'.join(decodes[name]))
+  (run_dir / 'summary.json').write_text(json.dumps(summary))
+  return str(run_dir)
+
+
+def test_seeds_table_gives_intervals_and_marks_only_those_excluding_zero(
+  tmp_path,
+):
+  from trax_qkv.validation import compare
+
+  references = [f'the dog number {i} runs in the big park .' for i in range(30)]
+  cat = [r.replace('dog', 'cat') for r in references]
+  decodes = {'reference': references, 'worse': cat, 'same': references}
+  runs = [
+    _seed_run(
+      tmp_path,
+      seed,
+      dict(reference=1.0 + d, worse=1.5 + d, same=1.0 + e),
+      decodes,
+    )
+    for seed, d, e in ((0, 0.0, 0.1), (1, 0.1, -0.1), (2, -0.1, 0.05))
+  ]
+  loaded = [(d, *compare.load_run(d)) for d in runs]
+  table = compare.render_seeds(loaded, references)
+  cells = {
+    row[0]: row[1:]
+    for row in (
+      [c.strip() for c in line.strip('|').split('|')]
+      for line in table.splitlines()
+      if line.startswith('| ')
+    )
+  }
+  # 'worse' is 0.5 worse in every seed: its interval excludes 0.
+  assert cells['eval loss, mean ± sd'] == [
+    '1.0000 ± 0.1000', '1.5000 ± 0.1000', '1.0167 ± 0.1041'
+  ]  # fmt: skip
+  _, worse, same = cells['eval loss, difference from `reference`']
+  assert worse == '+0.5000 [+0.5000, +0.5000] *'
+  assert same.endswith(']')  # an interval that includes 0: no mark
+  bootstrap = ', greedy, difference from `reference`, paired bootstrap (30 '
+  _, worse, same = cells['BLEU lowercased' + bootstrap + 'test sentences)']
+  assert worse.endswith('*') and worse.startswith('-')
+  assert same == '+0.00 [+0.00, +0.00]'
+  other = _seed_run(
+    tmp_path, 3, dict(reference=1.0, worse=1.5, same=1.0), decodes, d_model=32
+  )
+  with pytest.raises(ValueError, match=r"differs from .* in \['d_model'\]"):
+    compare.check_seeds(loaded + [(other, *compare.load_run(other))])

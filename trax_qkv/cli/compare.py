@@ -1,14 +1,21 @@
 """trax-qkv-compare: completed trax-qkv-validate runs in one table, and
-their models' cross-attention for one sentence per run, side by side.
+their models' cross-attention for one sentence per run, side by side; or
+the seeds of one experiment in one table, with intervals.
 
   trax-qkv-compare --runs runs/why/numbers runs/why/multi30k \\
       --sources "nine hundred and eighty-seven" "Ein Hund rennt." \\
       --output_dir runs/why
+  trax-qkv-compare --seeds runs/why/seed0 runs/why/seed1 runs/why/seed2 \\
+      --output_dir runs/why
 
-Writes comparison.md (a table per run: parameters, losses, exact match,
-BLEU and chrF, the cross-attention head measures) and maps_<i>.png (run
-i's models, a row per model and layer, a column per head, each model
-teacher-forced with its own greedy translation of the i-th source).
+`--runs` writes comparison.md (a table per run: parameters, losses, exact
+match, BLEU and chrF, the head measures and self-attention scores) and
+maps_<i>.png (run i's models, a row per model and layer, a column per
+head, each model teacher-forced with its own greedy translation of the
+i-th source). `--seeds` writes seeds.md: each score's mean ± sd over the
+seeds, its paired difference from 'reference' with a 95 % interval across
+seeds (* where it excludes 0), BLEU and chrF also by paired bootstrap of
+the test sentences.
 """
 
 import sys
@@ -21,16 +28,20 @@ def build_parser():
   parser.add_argument(
     '--runs',
     nargs='+',
-    required=True,
     metavar='DIR',
     help='output directories of completed trax-qkv-validate runs',
   )
   parser.add_argument(
     '--sources',
     nargs='+',
-    required=True,
     metavar='SENTENCE',
-    help='one source sentence per run, for its attention maps',
+    help='with --runs: one source sentence per run, for its attention maps',
+  )
+  parser.add_argument(
+    '--seeds',
+    nargs='+',
+    metavar='DIR',
+    help='output directories of runs that differ in their seed alone',
   )
   parser.add_argument(
     '--output_dir',
@@ -41,13 +52,22 @@ def build_parser():
 
 
 def main(argv=None):
-  args = build_parser().parse_args(argv)
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  if bool(args.runs) == bool(args.seeds) or bool(args.runs) != bool(
+    args.sources
+  ):
+    parser.error('give --runs with --sources, or --seeds')
   from trax_qkv.validation import compare
 
   try:
-    compare.compare(args.runs, args.sources, args.output_dir)
+    if args.seeds:
+      compare.compare_seeds(args.seeds, args.output_dir)
+    else:
+      compare.compare(args.runs, args.sources, args.output_dir)
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  print(f'{args.output_dir}/{compare.TABLE}')
+  table = compare.SEEDS_TABLE if args.seeds else compare.TABLE
+  print(f'{args.output_dir}/{table}')
   return 0

@@ -8,10 +8,13 @@ and one model directory per implementation.
 import json
 import os
 
+import numpy as np
+
 from trax_qkv import files
 from trax_qkv.validation import report
 
 TABLE = 'comparison.md'
+SEEDS_TABLE = 'seeds.md'
 
 
 def load_run(run_dir):
@@ -86,6 +89,207 @@ def render_table(runs):
     lines += report.score_rows([(summary, n) for n in names])
     lines.append('')
   return '\n'.join(lines)
+
+
+# Config entries that may differ between the seeds of one experiment.
+_PER_SEED = ('seed', 'output_dir')
+SEED_ROWS = (
+  ('eval loss', 'eval_loss', '{:.4f}'),
+  ('eval token accuracy', 'eval_accuracy', '{:.4f}'),
+  ('BLEU lowercased, greedy', 'bleu_lowercase', '{:.2f}'),
+  ('BLEU lowercased, beam 4', 'beam_bleu_lowercase', '{:.2f}'),
+  ('chrF, greedy', 'chrf', '{:.2f}'),
+)
+
+
+def across_seeds(values):
+  """(mean, low, high): the mean of one value per seed and its 95 %
+  t-interval (Student's t, n - 1 degrees of freedom); None bounds for
+  fewer than two seeds."""
+  from scipy import stats
+
+  values = np.asarray(values, np.float64)
+  mean = float(values.mean())
+  if len(values) < 2:
+    return mean, None, None
+  half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1)
+  half /= np.sqrt(len(values))
+  return mean, float(mean - half), float(mean + half)
+
+
+def interval(fmt, mean, low, high):
+  """'+0.012 [-0.003, +0.027]', the interval marked * where it excludes 0."""
+  if low is None:
+    return fmt.format(mean) + ' (one seed)'
+  sign = fmt.replace('{:', '{:+')
+  star = ' *' if low > 0 or high < 0 else ''
+  return f'{sign.format(mean)} [{sign.format(low)}, {sign.format(high)}]{star}'
+
+
+def check_seeds(runs):
+  """Raises ValueError unless `runs` ((dir, summary, names) each) are the
+  seeds of one experiment: the same config but the seed, each seed once."""
+  first = {k: v for k, v in runs[0][1]['config'].items() if k not in _PER_SEED}
+  for run_dir, summary, _ in runs[1:]:
+    config = summary['config']
+    differ = sorted(
+      k for k in set(first) | set(config)
+      if k not in _PER_SEED and first.get(k) != config.get(k)
+    )  # fmt: skip
+    if differ:
+      raise ValueError(
+        f'seeds: {run_dir} differs from {runs[0][0]} in {differ}, not in '
+        'its seed alone.'
+      )
+  seeds = [summary['seed'] for _, summary, _ in runs]
+  if len(set(seeds)) != len(seeds):
+    raise ValueError(f'seeds: each seed once; got {seeds}.')
+
+
+def render_seeds(runs, references=None, baseline='reference'):
+  """The seeds of one experiment in one table: per model, each score's
+  mean ± sd over seeds, and its paired difference from `baseline` with a
+  95 % interval across seeds (* where it excludes 0); with `references`
+  (the test set's), BLEU and chrF also by paired bootstrap of the test
+  sentences (`scoring.paired_bootstrap`, the seeds' mean difference).
+
+  Args:
+    runs: (run directory, summary, model names) of each seed.
+    references: None, or the test set's reference translations.
+    baseline: the model the others are compared with.
+  """
+  from trax_qkv.supervised import scoring
+
+  check_seeds(runs)
+  names = runs[0][2]
+  if baseline not in names:
+    raise ValueError(f'seeds: no {baseline!r} model in {names}.')
+  summaries = [summary for _, summary, _ in runs]
+  lines = [
+    f'{len(runs)} seeds ({", ".join(str(s["seed"]) for s in summaries)}); '
+    + report.model_line(summaries[0]['config'])
+    + '.',
+    '',
+    '| | ' + ' | '.join(f'`{n}`' for n in names) + ' |',
+    '|---|' + '---|' * len(names),
+  ]
+  for label, key, fmt in SEED_ROWS:
+    values = {n: [s[n].get(key) for s in summaries] for n in names}
+    if any(v is None for vs in values.values() for v in vs):
+      continue
+    lines.append(
+      f'| {label}, mean ± sd | '
+      + ' | '.join(_mean_sd(fmt, v) for v in values.values())
+      + ' |'
+    )
+    lines.append(
+      f'| {label}, difference from `{baseline}` | '
+      + ' | '.join(
+        ''
+        if n == baseline
+        else interval(
+          fmt,
+          *across_seeds(np.subtract(values[n], values[baseline])),
+        )
+        for n in names
+      )
+      + ' |'
+    )
+  if references is not None:
+    decodes = {
+      n: [_decodes(run_dir, n) for run_dir, _, _ in runs] for n in names
+    }
+    for metric, label in (
+      ('bleu_lowercase', 'BLEU lowercased'),
+      ('chrf', 'chrF'),
+    ):
+      lines.append(
+        f'| {label}, greedy, difference from `{baseline}`, paired bootstrap '
+        f'({len(references)} test sentences) | '
+        + ' | '.join(
+          ''
+          if n == baseline
+          else interval(
+            '{:.2f}',
+            *scoring.paired_bootstrap(
+              references,
+              decodes[baseline],
+              decodes[n],
+              metric,
+              summaries[0]['config']['bleu_tokenize'],
+            ),
+          )  # fmt: skip
+          for n in names
+        )
+        + ' |'
+      )
+  # The self-attention scores, per layer, as the seeds' mean.
+  mean = {
+    n: {'self_attention_scores': _mean_scores(summaries, n)} for n in names
+  }
+  lines += report.score_rows([(mean, n) for n in names])
+  return '\n'.join(lines) + '\n'
+
+
+def _mean_sd(fmt, values):
+  sd = np.std(values, ddof=1) if len(values) > 1 else 0.0
+  return f'{fmt.format(np.mean(values))} ± {fmt.format(sd)}'
+
+
+def _mean_scores(summaries, name):
+  """The seeds' mean `self_attention_scores` of model `name` (None where a
+  seed has none)."""
+  scores = [s[name].get('self_attention_scores') for s in summaries]
+  if not all(scores):
+    return None
+  return dict(
+    {
+      part: {
+        key: list(np.mean([m[part][key] for m in scores], axis=0))
+        for key in scores[0][part]
+      }
+      for part in ('encoder', 'decoder')
+    },
+    sentences=scores[0]['sentences'],
+  )
+
+
+def _decodes(run_dir, name):
+  with open(
+    os.path.join(run_dir, f'decodes_{name}.txt'), encoding='utf-8'
+  ) as f:
+    return f.read().splitlines()
+
+
+def compare_seeds(run_dirs, output_dir):
+  """Writes `SEEDS_TABLE`: the runs, seeds of one experiment, in one
+  table with intervals (`render_seeds`, with the test set's references
+  read from its prepared data); returns its text.
+
+  Raises:
+    ValueError: a run is not complete, the runs are not seeds of one
+      experiment, or the test set cannot be read -- before any write.
+  """
+  from trax_qkv.data import pipeline
+
+  runs = [(d, *load_run(d)) for d in run_dirs]
+  check_seeds(runs)
+  summary = runs[0][1]
+  try:
+    pairs = pipeline.load_split(
+      summary['dataset'], 'test', tuple(summary['keys']),
+      summary['config']['data_dir'],
+    )  # fmt: skip
+  except Exception as e:  # tfds: a missing or unprepared data set
+    raise ValueError(
+      f'seeds: the test set of {summary["dataset"]} cannot be read ({e}); '
+      'prepare it as the runs did (trax-qkv-validate).'
+    ) from None
+  references = [target for _, target in pairs][: summary['test_sentences']]
+  text = '# Seeds\n\n' + render_seeds(runs, references)
+  os.makedirs(output_dir, exist_ok=True)
+  files.write_text(os.path.join(output_dir, SEEDS_TABLE), text)
+  return text
 
 
 def plot_side_by_side(maps, path, title):
