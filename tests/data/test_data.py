@@ -80,6 +80,26 @@ def test_pipeline_yields_transformer_batches(tfds_dir):
   assert vocab.decode(vocab.encode('einundzwanzig')) == 'einundzwanzig'
 
 
+def test_split_batches_hold_every_pair_once(tfds_dir):
+  spec = data.translation_data(
+    'trax_qkv_numbers/tiny', data_dir=tfds_dir, vocab_size=200
+  )
+  pairs = data.load_split(spec.name, 'validation', spec.keys, tfds_dir)
+  batches = data.split_batches(spec, 'validation', 16, 8, widths=(8,))
+  vocab = spec.vocab()
+  got = [
+    (vocab.decode(list(s[s > 0][:-1])), vocab.decode(list(t[t > 0][:-1])))
+    for src, tgt, _ in batches
+    for s, t in zip(src, tgt, strict=True)
+    if t.any()
+  ]
+  assert sorted(got) == sorted(pairs)  # each pair once (none over 16 here)
+  for src, tgt, weights in batches:
+    assert src.shape == tgt.shape == weights.shape and src.shape[0] == 8
+    assert src.shape[1] in (8, 16)  # a width, or max_length
+    assert np.array_equal(weights, (tgt != 0).astype(np.float32))
+
+
 def _write(directory, split, lang, lines, raw=None):
   with open(os.path.join(directory, f'{split}.{lang}'), 'wb') as f:
     f.write(raw if raw is not None else ('\n'.join(lines) + '\n').encode())

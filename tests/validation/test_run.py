@@ -241,16 +241,18 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
 @pytest.mark.slow
 def test_tiny_run_with_reference_in_every_site_is_identical(tmp_path):
   """'reference' in encoder self-, decoder causal and cross-attention: the
-  same losses and decodes as Trax's layers; the report says what ran where."""
+  same losses and decodes as Trax's layers; the report says what ran where.
+  Evaluated on the whole validation split, each sentence once."""
   config = tiny_validation_config(
     shared_data_dir(tmp_path), 8, 4,
-    beam_sentences=0, heatmap_sentences=0,
+    beam_sentences=0, heatmap_sentences=0, eval_batches=0,
     sites=('self_attention', 'causal_attention', 'cross_attention'),
   )  # fmt: skip
   out = tmp_path / 'out'
   summary = validation.run_validation(config, str(out), log=lambda _: None)
   assert summary['max_loss_diff'] == 0.0
   assert summary['identical_decodes'] == 1.0
+  assert summary['trax']['eval_loss'] == summary['reference']['eval_loss']
   assert summary['reference']['attention'] == {
     'self_attention': 'reference',
     'causal_attention': 'reference',

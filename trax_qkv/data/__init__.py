@@ -28,6 +28,7 @@ from trax_qkv.data.pipeline import check_keys
 from trax_qkv.data.pipeline import load_split
 from trax_qkv.data.pipeline import load_vocab
 from trax_qkv.data.pipeline import prepare_translation_data
+from trax_qkv.data.pipeline import split_batches
 from trax_qkv.data.pipeline import translation_data
 from trax_qkv.data.pipeline import translation_vocab_size
 from trax_qkv.data.pipeline import vocab_path

@@ -281,6 +281,38 @@ def TranslationInputs(
   )
 
 
+def split_batches(data, split, max_length, batch_size, widths=(16, 32)):
+  """Every pair of `split` once, as the batches of `TranslationInputs`
+  ((source, target, weights): EOS appended, pairs longer than
+  `max_length` dropped, weight 0 on padding), for an evaluation over the
+  whole split where Trax's eval stream repeats it.
+
+  Pairs are sorted by length and padded to the first of `widths` (then
+  `max_length`) that fits both sides; the last batch is padded with empty
+  rows (weight 0), so that few shapes, and compiled eval steps, serve the
+  split.
+  """
+  vocab = data.vocab()
+  pairs = sorted(
+    (ids_s, ids_t)
+    for ids_s, ids_t in (
+      (vocab.encode(s) + [EOS_ID], vocab.encode(t) + [EOS_ID])
+      for s, t in load_split(data.name, split, data.keys, data.data_dir)
+    )
+    if len(ids_s) <= max_length and len(ids_t) <= max_length
+  )
+  batches = []
+  for start in range(0, len(pairs), batch_size):
+    chunk = pairs[start : start + batch_size]
+    longest = max(max(len(s), len(t)) for s, t in chunk)
+    width = next((w for w in widths if longest <= w), max_length)
+    src, tgt = (np.zeros((batch_size, width), np.int32) for _ in range(2))
+    for i, (s, t) in enumerate(chunk):
+      src[i, : len(s)], tgt[i, : len(t)] = s, t
+    batches.append((src, tgt, (tgt != 0).astype(np.float32)))
+  return batches
+
+
 def load_split(dataset_name, split, keys, data_dir=None):
   """All (source, target) string pairs of one split.
 

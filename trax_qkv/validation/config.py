@@ -89,6 +89,11 @@ class ValidationConfig:
   )
   label_smoothing: float = _field(0.0, 'label smoothing of the training loss')
   eval_every: int = _field(250, 'eval (and checkpoint) every N steps')
+  eval_batches: int = _field(
+    4,
+    'batches of the validation split per eval; 0: the whole split, each '
+    'sentence once',
+  )
   seed: int = _field(0, 'random seed (weights, dropout, data order)')
   implementations: tuple = _field(
     ('trax', 'reference'),
@@ -187,7 +192,7 @@ class ValidationConfig:
       ) from None
 
   def _check_counts(self):
-    for name in ('beam_sentences', 'heatmap_sentences'):
+    for name in ('beam_sentences', 'heatmap_sentences', 'eval_batches'):
       value = getattr(self, name)
       if value is None and name == 'beam_sentences':
         continue

@@ -198,7 +198,14 @@ def prepare_corpus(config, data, log=print):
   )
   training_lib.reset_data_counters()
   train_batches = list(itertools.islice(inputs.train_stream(1), config.steps))
-  eval_batches = list(itertools.islice(inputs.eval_stream(1), 4))
+  if config.eval_batches:
+    eval_batches = list(
+      itertools.islice(inputs.eval_stream(1), config.eval_batches)
+    )
+  else:
+    eval_batches = data_lib.split_batches(
+      data, 'validation', config.max_length, config.batch_size
+    )
   test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
   if config.max_test_sentences:
     test = test[: config.max_test_sentences]
