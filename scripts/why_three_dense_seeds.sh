@@ -28,7 +28,7 @@ settings=(--source_dir "$data" --keys de en --vocab_size 8192 --d_model 128
           --learning_rate 0.002 --warmup_steps 400
           --lr_factors 'constant * linear_warmup * rsqrt_decay'
           --eval_every 500 --eval_batches 0 --beam_sentences 200
-          --heatmap_sentences 0)
+          --heatmap_sentences 0 --score_sentences 50)
 
 for experiment in self cross; do
   if [[ $experiment == self ]]; then

@@ -161,7 +161,12 @@ def _assert_same_attention_measures(summary, config, out):
 @pytest.mark.slow
 def test_tiny_side_by_side_run_is_identical(tmp_path):
   config = tiny_validation_config(
-    shared_data_dir(tmp_path), 12, 6, beam_sentences=2, heatmap_sentences=2
+    shared_data_dir(tmp_path),
+    12,
+    6,
+    beam_sentences=2,
+    heatmap_sentences=2,
+    score_sentences=3,
   )
   out = tmp_path / 'out'
   summary = validation.run_validation(config, str(out), log=lambda _: None)

@@ -30,6 +30,7 @@ MAY_CHANGE_ON_RESUME = (
   'n_beams',
   'heatmap_sentences',
   'bleu_tokenize',
+  'score_sentences',
 )
 
 
@@ -126,6 +127,11 @@ class ValidationConfig:
   heatmap_sentences: int = _field(
     3, 'test sentences whose cross-attention maps are drawn'
   )
+  score_sentences: int = _field(
+    0,
+    "test sentences on which the self-attention scores (a position's "
+    "weight on itself, the scores' asymmetry) are measured; 0: none",
+  )
   bleu_tokenize: str = _field(
     '13a',
     "sacreBLEU's tokenizer for BLEU: 13a, intl, char, zh or "
@@ -192,7 +198,12 @@ class ValidationConfig:
       ) from None
 
   def _check_counts(self):
-    for name in ('beam_sentences', 'heatmap_sentences', 'eval_batches'):
+    for name in (
+      'beam_sentences',
+      'heatmap_sentences',
+      'eval_batches',
+      'score_sentences',
+    ):
       value = getattr(self, name)
       if value is None and name == 'beam_sentences':
         continue

@@ -399,7 +399,7 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
     ),
     cross_attention_heads=cross_attention_heads(reader, corpus, log),
     self_attention_scores=self_attention_scores(
-      settings, checkpoint, corpus, log
+      settings, checkpoint, corpus, config.score_sentences, log
     ),
   )
   log(
@@ -420,7 +420,6 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
 
 HEAD_SENTENCES = 200  # test sentences whose cross-attention is measured
 HEAD_BATCH = 50  # of them at a time
-SCORE_SENTENCES = 50  # test sentences whose self-attention scores are read
 
 
 def _targets(corpus, translations, n):
@@ -445,15 +444,16 @@ def cross_attention_heads(reader, corpus, log=print):
   )  # fmt: skip
 
 
-def self_attention_scores(settings, checkpoint, corpus, log=print):
+def self_attention_scores(settings, checkpoint, corpus, sentences, log=print):
   """`attention_maps.self_attention_scores` (a position's weight on itself,
   the scores' asymmetry) of a Transformer's encoder and decoder over the
-  first `SCORE_SENTENCES` test sentences, teacher-forcing their reference
-  translations, with the number of sentences; None for a model without
-  self-attention."""
-  if 'self_attention' not in settings[model_dir.ATTENTION]:
+  first `sentences` test sentences, teacher-forcing their reference
+  translations, with the number of sentences; None where `sentences` is
+  0 or the model has no self-attention. (JAX runs eagerly there: seconds
+  per sentence batch, so it is asked for, not a default.)"""
+  if not sentences or 'self_attention' not in settings[model_dir.ATTENTION]:
     return None
-  n = min(SCORE_SENTENCES, len(corpus.source_ids))
+  n = min(sentences, len(corpus.source_ids))
   log(f'measuring the self-attention scores on {n} test sentences ...')
   measured = model_dir.model_fn(
     settings, attention_maps.measured_attention(settings)
