@@ -46,6 +46,16 @@ def walk_layers(layer):
     yield from walk_layers(sub)
 
 
+# XLA_FLAGS of a subprocess with two CPU devices. Their all-reduce waits
+# for both devices' threads, and XLA aborts the process when one has not
+# arrived within 40 s: on a 2-core machine shared with another test worker
+# that happened in CI (SIGABRT, 'Termination timeout ... exceeded'). A
+# slow step is not a failure of ours, so the bound is raised.
+TWO_CPU_DEVICES = (
+  '--xla_force_host_platform_device_count=2 '
+  '--xla_cpu_collective_call_terminate_timeout_seconds=600'
+)
+
 TINY_LM = dict(d_model=16, d_ff=32, n_layers=2, n_heads=4, max_len=32)
 
 

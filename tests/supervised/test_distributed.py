@@ -17,6 +17,7 @@ import time
 
 from helpers import CONFIGS
 from helpers import ROOT
+from helpers import TWO_CPU_DEVICES
 from helpers import command
 from helpers import shared_data_dir
 from helpers import tiny_train_bindings
@@ -90,7 +91,7 @@ def _processes(argv, n, port, log_dir, ids=None):
 
 
 def _two_devices(argv):
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  env = dict(os.environ, XLA_FLAGS=TWO_CPU_DEVICES)
   subprocess.run(
     _cli(*argv), cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL
   )

@@ -16,6 +16,7 @@ import time
 
 from helpers import CONFIGS
 from helpers import ROOT
+from helpers import TWO_CPU_DEVICES
 from helpers import command
 from helpers import shared_data_dir
 from helpers import tiny_train_bindings
@@ -397,7 +398,7 @@ def test_two_device_data_parallel_matches_one_device(tmp_path):
   config = os.path.join(CONFIGS, 'reference.gin')
   one_device, two_devices = tmp_path / 'one_device', tmp_path / 'two_devices'
   training.train_from_configs([config], bindings, str(one_device))
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  env = dict(os.environ, XLA_FLAGS=TWO_CPU_DEVICES)
   subprocess.run(
     [sys.executable, '-c', _TWO_DEVICE_RUN, config, str(two_devices)]
     + bindings,
