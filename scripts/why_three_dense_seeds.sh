@@ -2,8 +2,9 @@
 # Why three Dense layers? The seeded measurement (docs/why_three_dense.md,
 # "What is measured, and what is not"): Trax's layer ('reference') and
 # every projection variant of trax_qkv.layers.variants, first in the
-# encoder's and decoder's self-attention (the question's case), then in
-# the cross-attention, each from SEEDS (default 0 1 2) on Multi30k
+# encoder's and decoder's self-attention (the question's case), then the
+# four models of the one-seed page in the cross-attention, each from SEEDS
+# (default 0 1 2) on Multi30k
 # de -> en: a 2+2-layer Transformer, d_model 128, 4 heads, 1,000 steps of
 # batch 64, every eval over the whole validation split, greedy decoding of
 # the whole test set and beam search on its first 200 sentences. Then,
@@ -20,8 +21,10 @@ source "$(dirname "$0")/_common.sh"
 out=${1:-runs/why_seeds}
 data=${MULTI30K:-../shared/data/multi30k}
 read -r -a seeds <<<"${SEEDS:-0 1 2}"
-models=(reference no_projection no_projection_temperature shared_projection
-        raw_values raw_queries_keys shared_query_key multi_query one_head)
+self_models=(reference no_projection no_projection_temperature
+             shared_projection raw_values raw_queries_keys shared_query_key
+             multi_query one_head)
+cross_models=(reference no_projection shared_projection one_head)
 settings=(--source_dir "$data" --keys de en --vocab_size 8192 --d_model 128
           --d_ff 256 --n_layers 2 --n_heads 4 --dropout 0.1
           --label_smoothing 0.1 --max_length 64 --batch_size 64 --steps 1000
@@ -33,8 +36,10 @@ settings=(--source_dir "$data" --keys de en --vocab_size 8192 --d_model 128
 for experiment in self cross; do
   if [[ $experiment == self ]]; then
     sites=(self_attention causal_attention)
+    models=("${self_models[@]}")
   else
     sites=(cross_attention)
+    models=("${cross_models[@]}")
   fi
   runs=()
   for seed in "${seeds[@]}"; do

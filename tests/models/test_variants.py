@@ -171,18 +171,22 @@ def test_head_measures_on_hand_made_distributions():
   measure = head_measures.layer_measures
   # Identical heads: 0 divergence. One-hot rows: 0 entropy, peak 1.
   same = measure(np.stack([one_hot, one_hot])[None], [4], [2])
-  assert same == dict(divergence=0.0, entropy=0.0, peak=1.0)
-  # Disjoint one-hot heads: 1 bit apart.
+  assert same == dict(divergence=0.0, agreement=1.0, entropy=0.0, peak=1.0)
+  # Disjoint one-hot heads: 1 bit apart, never the same argmax.
   apart = measure(np.stack([one_hot, other])[None], [4], [2])
   assert apart['divergence'] == pytest.approx(1.0)
+  assert apart['agreement'] == 0.0
   # Uniform over 4: 2 bits; against one-hot: JSD = H(m) - (2 + 0) / 2.
   spread = measure(np.stack([uniform, one_hot])[None], [4], [2])
   m = np.array([0.625, 0.125, 0.125, 0.125])
   assert spread['divergence'] == pytest.approx(-np.sum(m * np.log2(m)) - 1.0)
   assert spread['entropy'] == pytest.approx(1.0)  # (2 + 0) / 2
   assert spread['peak'] == pytest.approx((0.25 + 1) / 2)
-  # One head: no pairs, no divergence.
-  assert measure(one_hot[None, None], [4], [2])['divergence'] is None
+  # A uniform row's argmax is its first position: one row of two agrees.
+  assert spread['agreement'] == 0.5
+  # One head: no pairs, no divergence, no agreement.
+  alone = measure(one_hot[None, None], [4], [2])
+  assert alone['divergence'] is None and alone['agreement'] is None
 
 
 def test_head_measures_leave_out_padding():
@@ -236,6 +240,7 @@ def test_score_measures_on_hand_made_queries_and_keys():
   same = head_measures.score_measures(unit, unit, [5, 5], causal=False)
   assert same['asymmetry'] == 0.0
   assert same['diagonal'] > 1 / 5
+  assert same['agreement'] == 1.0  # every head's largest is the diagonal
   # An antisymmetric score (k = q rotated by 90 degrees in each plane).
   rotated = np.stack(
     [-unit[..., 1], unit[..., 0], -unit[..., 3], unit[..., 2]], -1
@@ -249,6 +254,8 @@ def test_score_measures_on_hand_made_queries_and_keys():
   zeros = np.zeros((1, 1, 3, 4))
   causal = head_measures.score_measures(zeros, zeros, [3], causal=True)
   assert causal['diagonal'] == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+  assert causal['entropy'] == pytest.approx((0 + 1 + np.log2(3)) / 3)
+  assert causal['agreement'] is None  # one head
   with pytest.raises(ValueError, match='length per sentence'):
     head_measures.score_measures(unit, unit, [5], causal=False)
 

@@ -173,9 +173,7 @@ def self_attention_scores(model_fn, weights_file, source_ids, target_ids):
     measured = [
       head_measures.score_measures(q, k, lengths, is_causal) for q, k in layers
     ]
-    result[part] = {
-      key: [m[key] for m in measured] for key in ('diagonal', 'asymmetry')
-    }
+    result[part] = {key: [m[key] for m in measured] for key in measured[0]}
   return result
 
 

@@ -14,6 +14,11 @@ target position of every sentence:
               is spread evenly.
   peak        the mean largest weight: the share of the mass on the one
               position a head attends to most.
+  agreement   the share of (pair of heads, position) whose most-weighted
+              source position is the same: 1 when heads point alike, about
+              1 / source length for heads that point independently. Unlike
+              the divergence it is not bounded by the entropy, so broad
+              heads that still point apart score low. None with one head.
 
 Voita et al. (2019) and Michel et al. (2019) study heads with measures of
 this kind; these are the plain ones, computed the same way for every
@@ -48,8 +53,8 @@ def layer_measures(weights, source_lengths, target_lengths):
     target_lengths: per sentence, how many of the Lq positions are real.
 
   Returns:
-    A dict with 'divergence' (None for one head), 'entropy' and 'peak',
-    floats averaged over all real rows.
+    A dict with 'divergence' and 'agreement' (None for one head),
+    'entropy' and 'peak', floats averaged over all real rows.
 
   Raises:
     ValueError: weights is not 4-D, or the lengths do not fit it.
@@ -59,7 +64,7 @@ def layer_measures(weights, source_lengths, target_lengths):
     raise ValueError(
       f'weights must be (batch, heads, Lq, Lk); got shape {weights.shape}.'
     )
-  batch, n_heads, lq, lk = weights.shape
+  batch, _, lq, lk = weights.shape
   for name, lengths, limit in (
     ('source_lengths', source_lengths, lk),
     ('target_lengths', target_lengths, lq),
@@ -69,27 +74,42 @@ def layer_measures(weights, source_lengths, target_lengths):
         f'{name} must give 1..{limit} for each of the {batch} sentences; '
         f'got {list(lengths)}.'
       )
-  divergences, entropies, peaks = [], [], []
+  divergences, agreements, entropies, peaks = [], [], [], []
   for w, n_src, n_tgt in zip(weights, source_lengths, target_lengths):
     rows = w[:, :n_tgt, :n_src]
     # Padding gets (almost) no weight; renormalize what is left.
     rows = rows / np.sum(rows, axis=-1, keepdims=True)
     entropies.append(_entropy_bits(rows).ravel())
     peaks.append(np.max(rows, axis=-1).ravel())
-    for a, b in itertools.combinations(range(n_heads), 2):
-      divergences.append(js_divergence(rows[a], rows[b]))
+    divergences += _pairs(rows, js_divergence)
+    agreements += _pairs(rows, _same_argmax)
   return dict(
-    divergence=(
-      float(np.mean(np.concatenate(divergences))) if divergences else None
-    ),
-    entropy=float(np.mean(np.concatenate(entropies))),
-    peak=float(np.mean(np.concatenate(peaks))),
+    divergence=_mean(divergences),
+    agreement=_mean(agreements),
+    entropy=_mean(entropies),
+    peak=_mean(peaks),
   )
+
+
+def _same_argmax(p, q):
+  return (np.argmax(p, axis=-1) == np.argmax(q, axis=-1)).astype(np.float64)
+
+
+def _pairs(rows, measure):
+  """`measure` of each pair of heads of (heads, ..., Lk) `rows`."""
+  return [
+    np.ravel(measure(rows[a], rows[b]))
+    for a, b in itertools.combinations(range(len(rows)), 2)
+  ]
+
+
+def _mean(parts):
+  return float(np.mean(np.concatenate(parts))) if parts else None
 
 
 def measures(layers, source_lengths, target_lengths):
   """`layer_measures` of each layer's weights: a dict of per-layer lists
-  ('divergence', 'entropy', 'peak')."""
+  ('divergence', 'agreement', 'entropy', 'peak')."""
   per_layer = [
     layer_measures(w, source_lengths, target_lengths) for w in layers
   ]
@@ -141,7 +161,9 @@ def score_measures(q, k, lengths, causal):
     itself (over every real position of every head; with `causal`, 1 at
     position 0 by construction); 'asymmetry', ‖S − Sᵀ‖ / ‖S‖ (Frobenius)
     of the scores S = q kᵀ / √d_head over the real positions, before any
-    mask, averaged over sentences and heads: 0 for a symmetric score.
+    mask, averaged over sentences and heads: 0 for a symmetric score;
+    'entropy' and 'agreement' of the attention weights, as
+    `layer_measures` computes them (agreement None for one head).
   """
   q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
   if q.ndim != 4 or q.shape != k.shape or len(lengths) != q.shape[0]:
@@ -149,7 +171,7 @@ def score_measures(q, k, lengths, causal):
       'q and k must be (batch, heads, L, d_head) of one shape, with a '
       f'length per sentence; got {q.shape}, {k.shape}, {list(lengths)}.'
     )
-  diagonals, asymmetries = [], []
+  diagonals, asymmetries, entropies, agreements = [], [], [], []
   for qs, ks, n in zip(q, k, lengths, strict=True):
     s = qs[:, :n] @ np.swapaxes(ks[:, :n], -1, -2) / np.sqrt(q.shape[-1])
     norms = np.linalg.norm(s, axis=(-2, -1))
@@ -162,7 +184,11 @@ def score_measures(q, k, lengths, causal):
     a = np.exp(s - s.max(axis=-1, keepdims=True))
     a /= a.sum(axis=-1, keepdims=True)
     diagonals.append(np.diagonal(a, axis1=-2, axis2=-1).ravel())
+    entropies.append(_entropy_bits(a).ravel())
+    agreements += _pairs(a, _same_argmax)
   return dict(
-    diagonal=float(np.mean(np.concatenate(diagonals))),
-    asymmetry=float(np.mean(np.concatenate(asymmetries))),
+    diagonal=_mean(diagonals),
+    asymmetry=_mean(asymmetries),
+    entropy=_mean(entropies),
+    agreement=_mean(agreements),
   )

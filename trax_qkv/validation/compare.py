@@ -83,7 +83,7 @@ def render_table(runs):
       heads = [summary[n].get('cross_attention_heads') for n in names]
       lines.append(
         f'| cross-attention {label}, per layer | '
-        + ' | '.join(report.per_layer(h[key]) if h else 'n/a' for h in heads)
+        + ' | '.join(report.per_layer(h and h.get(key)) for h in heads)
         + ' |'
       )
     lines += report.score_rows([(summary, n) for n in names])

@@ -163,20 +163,24 @@ def model_line(c):
 
 HEAD_ROWS = (
   ('JS divergence between heads, bits', 'divergence'),
+  ('argmax agreement between heads', 'agreement'),
   ('entropy of a head, bits', 'entropy'),
   ('peak weight of a head', 'peak'),
 )
 
 
 def per_layer(values):
-  """'0.41 / 0.38': a measure per layer; '-' for None (one head)."""
+  """'0.41 / 0.38': a measure per layer; '-' for None (one head); 'n/a'
+  where the run has no such measure (runs of earlier releases)."""
+  if values is None:
+    return 'n/a'
   return ' / '.join('-' if v is None else f'{v:.2f}' for v in values)
 
 
 def measures_line(measures):
   """The head measures of one map in one line, per layer."""
   return (
-    '; '.join(f'{title} {per_layer(measures[key])}' for title, key in HEAD_ROWS)
+    '; '.join(f'{t} {per_layer(measures.get(key))}' for t, key in HEAD_ROWS)
     + ' (per layer)'
   )
 
@@ -190,7 +194,7 @@ def _head_rows(summary, labels):
   n = max(h['sentences'] for h in heads if h)
   return [
     f'| cross-attention, {title} (per layer, {n} test sentences) | '
-    + ' | '.join(per_layer(h[key]) if h else 'n/a' for h in heads)
+    + ' | '.join(per_layer(h and h.get(key)) for h in heads)
     + ' |'
     for title, key in HEAD_ROWS
   ]
@@ -199,6 +203,8 @@ def _head_rows(summary, labels):
 SCORE_ROWS = (
   ('weight on itself', 'diagonal'),
   ('score asymmetry |S - S^T| / |S|', 'asymmetry'),
+  ('entropy of a head, bits', 'entropy'),
+  ('argmax agreement between heads', 'agreement'),
 )
 
 
@@ -212,7 +218,7 @@ def score_rows(columns):
   n = max(m['sentences'] for m in scores if m)
   return [
     f'| {part} self-attention, {title} (per layer, {n} test sentences) | '
-    + ' | '.join(per_layer(m[part][key]) if m else 'n/a' for m in scores)
+    + ' | '.join(per_layer(m and m[part].get(key)) for m in scores)
     + ' |'
     for part in ('encoder', 'decoder')
     for title, key in SCORE_ROWS
