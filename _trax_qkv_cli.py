@@ -8,7 +8,7 @@ that import to register our configurables and sites -- and the start-up
 noise of that import is what this module keeps behind --verbose. From a
 checkout without installing, `python3 -m _trax_qkv_cli COMMAND [FLAGS]`
 runs the same commands (COMMAND: train, validate, translate,
-attention_map, compare, bench, bench_kernels, serve).
+attention_map, compare, circuits, bench, bench_kernels, serve).
 
 Importing Trax prints TensorFlow's and XLA's C++ start-up lines (absl,
 oneDNN, CUDA stubs) and Gym's "unmaintained" notice, and gin logs
@@ -100,6 +100,7 @@ validate = functools.partial(run, 'validate')
 translate = functools.partial(run, 'translate')
 attention_map = functools.partial(run, 'attention_map')
 compare = functools.partial(run, 'compare')
+circuits = functools.partial(run, 'circuits')
 bench = functools.partial(run, 'bench')
 bench_kernels = functools.partial(run, 'bench_kernels')
 serve = functools.partial(run, 'serve')
@@ -109,7 +110,7 @@ if __name__ == '__main__':
   if len(sys.argv) < 2 or sys.argv[1].startswith('-'):
     sys.exit(
       'usage: python3 -m _trax_qkv_cli COMMAND [FLAGS]; COMMAND is '
-      'one of train, validate, translate, attention_map, compare, bench, '
-      'bench_kernels, serve.'
+      'one of train, validate, translate, attention_map, compare, circuits, '
+      'bench, bench_kernels, serve.'
     )
   sys.exit(run(sys.argv[1], sys.argv[2:]))

@@ -14,6 +14,7 @@ COMMANDS = (
   'translate',
   'attention_map',
   'compare',
+  'circuits',
   'bench',
   'bench_kernels',
   'serve',

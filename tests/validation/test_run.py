@@ -10,6 +10,7 @@ import jax
 import pytest
 
 from trax_qkv.supervised import scoring
+from trax_qkv.validation import compare
 from trax_qkv.validation import config as config_lib
 from trax_qkv.validation import run as validation
 
@@ -24,6 +25,7 @@ from trax_qkv.validation import run as validation
     'translate',
     'attention_map',
     'compare',
+    'circuits',
   ],
 )
 def test_every_command_documents_every_flag(name, capsys):
@@ -271,3 +273,15 @@ def test_tiny_run_with_reference_in_every_site_is_identical(tmp_path):
   ) in report
   saved = json.loads((out / 'reference' / 'model.json').read_text())
   assert saved['attention']['causal_attention'] == 'reference'
+  # trax-qkv-circuits: the same weights read the same, in every site.
+  assert command('circuits').main([str(out)]) == 0
+  measured = json.loads((out / 'circuits.json').read_text())
+  assert measured['trax'] == measured['reference']
+  assert set(measured['trax']['circuits']) == {'encoder', 'decoder', 'cross'}
+  assert len(measured['trax']['importance']['cross']) == config.n_layers
+  assert measured['validation_pairs'] > 0
+  loaded = [(str(out), *compare.load_run(str(out)))]
+  rows = compare.circuit_rows([str(out)], loaded[0][2])
+  assert len(rows) == 3 * len(compare.CIRCUIT_ROWS)
+  assert any(r.startswith('| decoder QK circuit asymmetry') for r in rows)
+  assert command('circuits').main([str(tmp_path)]) == 2  # not a run

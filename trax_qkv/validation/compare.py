@@ -228,7 +228,62 @@ def render_seeds(runs, references=None, baseline='reference'):
     n: {'self_attention_scores': _mean_scores(summaries, n)} for n in names
   }
   lines += report.score_rows([(mean, n) for n in names])
+  lines += circuit_rows([run_dir for run_dir, _, _ in runs], names)
   return '\n'.join(lines) + '\n'
+
+
+CIRCUIT_ROWS = (
+  ('QK circuit asymmetry', 'circuits', 'qk_asymmetry', '{:.2f}'),
+  ('QK circuit trace ratio', 'circuits', 'qk_trace', '{:.2f}'),
+  ('QK circuit effective rank', 'circuits', 'qk_rank', '{:.1f}'),
+  ('OV circuit trace ratio', 'circuits', 'ov_trace', '{:.2f}'),
+  ('OV circuit effective rank', 'circuits', 'ov_rank', '{:.1f}'),
+  ('head importance, mean loss rise', 'importance', np.mean, '{:.3f}'),
+  ('head importance, largest loss rise', 'importance', np.max, '{:.3f}'),
+)
+
+
+def circuit_rows(run_dirs, names):
+  """Table rows of the runs' circuits.json (`trax-qkv-circuits`): per
+  part and layer, the seeds' mean of each head-averaged measure; [] unless
+  every run has one. Head importance is summarized per layer by the mean
+  and the largest rise over its heads."""
+  from trax_qkv.validation import trained_circuits
+
+  measured = []
+  for run_dir in run_dirs:
+    path = os.path.join(run_dir, trained_circuits.CIRCUITS_FILE)
+    if not os.path.exists(path):
+      return []
+    measured.append(files.read_json_object(path, 'circuit measures'))
+  parts = [
+    p for p in ('encoder', 'decoder', 'cross')
+    if p in measured[0][names[0]]['circuits']
+  ]  # fmt: skip
+  n = measured[0]['validation_pairs']
+  lines = []
+  for part in parts:
+    for title, group, key, fmt in CIRCUIT_ROWS:
+      where = f'{n} validation pairs' if group == 'importance' else 'weights'
+      cells = [
+        report.per_layer(
+          np.mean(
+            [
+              m[name][group][part][key]
+              if group == 'circuits'
+              else [key(heads) for heads in m[name][group][part]]
+              for m in measured
+            ],
+            axis=0,
+          ),
+          fmt,
+        )
+        for name in names
+      ]
+      lines.append(
+        f'| {part} {title} (per layer, {where}) | ' + ' | '.join(cells) + ' |'
+      )
+  return lines
 
 
 def _mean_sd(fmt, values):

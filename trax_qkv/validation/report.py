@@ -169,12 +169,12 @@ HEAD_ROWS = (
 )
 
 
-def per_layer(values):
+def per_layer(values, fmt='{:.2f}'):
   """'0.41 / 0.38': a measure per layer; '-' for None (one head); 'n/a'
   where the run has no such measure (runs of earlier releases)."""
   if values is None:
     return 'n/a'
-  return ' / '.join('-' if v is None else f'{v:.2f}' for v in values)
+  return ' / '.join('-' if v is None else fmt.format(v) for v in values)
 
 
 def measures_line(measures):

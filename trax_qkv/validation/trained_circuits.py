@@ -1,0 +1,91 @@
+"""What the trained weights of a validation run's models say:
+`trax_qkv.supervised.circuits` of each model, written to circuits.json
+beside its summary.json, for `trax-qkv-compare --seeds` to show.
+"""
+
+import os
+
+from trax import shapes
+
+from trax_qkv import data as data_lib
+from trax_qkv import files
+from trax_qkv.supervised import attention_maps
+from trax_qkv.supervised import circuits
+from trax_qkv.supervised import model_dir
+from trax_qkv.validation import config as config_lib
+
+CIRCUITS_FILE = 'circuits.json'
+
+
+def _run_config(run_dir):
+  path = os.path.join(run_dir, config_lib.RUN_CONFIG)
+  if not os.path.exists(path):
+    raise ValueError(
+      f'runs: {run_dir} has no {config_lib.RUN_CONFIG}; give output '
+      'directories of trax-qkv-validate runs.'
+    )
+  return files.read_json_object(path, 'trax-qkv-validate settings')
+
+
+def _checked_models(run_dir, config):
+  """{name: ModelDir} of the run's models, every one a trained
+  Transformer, checked before any is measured."""
+  found = {}
+  for name in config['implementations']:
+    found[name] = model_dir.load(os.path.join(run_dir, name))
+    kind = model_dir.architecture(found[name].settings).name
+    if kind != model_dir.TRANSFORMER.name:
+      raise ValueError(
+        f'runs: {run_dir}/{name} is a {kind}; the circuits are read from '
+        'Transformers (--model transformer).'
+      )
+  return found
+
+
+def measure(run_dir, log=print):
+  """Writes `CIRCUITS_FILE` into `run_dir`, a completed trax-qkv-validate
+  output directory, and returns what it holds: {'validation_pairs': n,
+  name: {'circuits': ..., 'importance': ...}} per model, as
+  `circuits.model_circuits` and `circuits.head_importance` give them on
+  the run's validation split.
+
+  Only the sites the run varied (its `sites`) are read. Models that ran
+  Trax's layer or a kernel are read as 'reference' (the same weights and
+  math, and one layer tree to read).
+
+  Raises:
+    ValueError: the directory is not a completed run of Transformers
+      (before anything is computed or written).
+  """
+  config = _run_config(run_dir)
+  models = _checked_models(run_dir, config)
+  data = data_lib.prepare_translation_data(
+    config['dataset'],
+    tuple(config['keys']),
+    config['source_dir'],
+    config['data_dir'],
+    config['vocab_size'],
+  )
+  batches = data_lib.split_batches(
+    data, 'validation', config['max_length'], config['batch_size']
+  )
+  result = {'validation_pairs': int(sum(b[2][:, 0].sum() for b in batches))}
+  for name, found in models.items():
+    log(f'{name}: reading the circuits, masking each head ...')
+    settings = found.settings
+    measured = attention_maps.measured_attention(settings)
+    model = model_dir.model_fn(settings, measured)(mode='eval')
+    attention = {site: measured[site] for site in config['sites']}
+    src, tgt, _ = batches[0]
+    model.init_from_file(
+      found.checkpoint,
+      weights_only=True,
+      input_signature=shapes.signature((src, tgt)),
+    )
+    n_heads = settings['n_heads']
+    result[name] = dict(
+      circuits=circuits.model_circuits(model, attention, n_heads),
+      importance=circuits.head_importance(model, attention, n_heads, batches),
+    )
+  files.write_json(os.path.join(run_dir, CIRCUITS_FILE), result)
+  return result
