@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Why three Dense layers? The seeded measurement (docs/why_three_dense.md,
-# "What is measured, and what is not"): Trax's layer ('reference') and
-# every projection variant of trax_qkv.layers.variants, first in the
-# encoder's and decoder's self-attention (the question's case), then the
-# four models of the one-seed page in the cross-attention, each from SEEDS
-# (default 0 1 2) on Multi30k
-# de -> en: a 2+2-layer Transformer, d_model 128, 4 heads, 1,000 steps of
-# batch 64, every eval over the whole validation split, greedy decoding of
-# the whole test set and beam search on its first 200 sentences. Then,
-# per experiment, trax-qkv-compare --seeds: means, sds and paired
-# intervals against 'reference' (seeds.md).
+# "How it was measured"): Trax's layer ('reference') and every projection
+# variant of trax_qkv.layers.variants in the encoder's and decoder's
+# self-attention (the question's case), then the four models of the
+# one-seed page in the cross-attention, each from SEEDS (default 0 1 2)
+# on Multi30k de -> en: a 2+2-layer Transformer, d_model 128, 4 heads,
+# 1,000 steps of batch 64, every eval over the whole validation split,
+# greedy decoding of the whole test set and beam search on its first 200
+# sentences. trax-qkv-circuits then reads each model's QK and OV circuits
+# and masks each head (circuits.json), and, per experiment,
+# trax-qkv-compare --seeds gives means, sds and paired intervals against
+# 'reference' (seeds.md).
 #
 #   scripts/why_three_dense_seeds.sh [OUTPUT_DIR]   default runs/why_seeds
 #   SEEDS="0 1 2 3 4" MULTI30K=DIR scripts/why_three_dense_seeds.sh
@@ -47,6 +48,7 @@ for experiment in self cross; do
     run trax-qkv-validate "${settings[@]}" --sites "${sites[@]}" \
       --seed "$seed" --implementations "${models[@]}" \
       --output_dir "$out/$experiment/seed$seed"
+    run trax-qkv-circuits "$out/$experiment/seed$seed"
   done
   run trax-qkv-compare --seeds "${runs[@]}" --output_dir "$out/$experiment"
 done

@@ -45,7 +45,7 @@ def _predicted(heads, x_q, x_kv, causal):
 
 def _zero_biases(layer, rng):
   """Random weights, biases 0, temperatures away from 1."""
-  for leaf in circuits._leaves(layer):
+  for leaf in circuits.leaves(layer):
     name = type(leaf).__name__
     if name == 'Dense':
       w, b = leaf.weights
@@ -149,7 +149,7 @@ def test_head_importance_masks_that_head_alone(tiny_model):
   importance 0 exactly; the others do not; the weights are restored."""
   model, attention = tiny_model
   (_, block), *_ = circuits.attention_blocks(model)  # encoder layer 1
-  leaves = circuits._leaves(block)
+  leaves = circuits.leaves(block)
   dense_v = [leaf for leaf in leaves if type(leaf).__name__ == 'Dense'][2]
   w, b = dense_v.weights
   w, b = np.array(w), np.array(b)

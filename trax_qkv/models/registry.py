@@ -198,10 +198,12 @@ def _chosen(implementations):
   return chosen
 
 
-def _walk(layer):
+def walk(layer):
+  """`layer` and every layer under it, parents before their sublayers, in
+  the tree's order."""
   yield layer
   for sublayer in layer.sublayers:
-    yield from _walk(sublayer)
+    yield from walk(sublayer)
 
 
 @contextlib.contextmanager
@@ -295,7 +297,7 @@ def _build(site, implementation, builtin, args, kwargs):
   # What trax_qkv built names the model's line, as Trax's layers do
   # without trax_qkv; a user's factory keeps its own lines.
   model_line = {'filename': frame.f_code.co_filename, 'lineno': frame.f_lineno}
-  for part in _walk(layer):
+  for part in walk(layer):
     if part._caller['filename'].startswith(_PACKAGE_DIR + os.sep):
       part._caller = dict(model_line)
   return layer

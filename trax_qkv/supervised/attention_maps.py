@@ -79,15 +79,11 @@ class CrossAttentionReader:
       self._states[key] = model.state
     # The viz-mode state after the pass holds each PureAttention's weights.
     model.state = self._forward((src, tgt), self._weights, self._states[key])
-    found = []
-
-    def walk(layer):
-      if type(layer).__name__ == 'PureAttention':
-        found.append(np.asarray(layer.state))
-      for sub in layer.sublayers:
-        walk(sub)
-
-    walk(model)
+    found = [
+      np.asarray(layer.state)
+      for layer in registry.walk(model)
+      if type(layer).__name__ == 'PureAttention'
+    ]
     return [w[..., :n_tgt, :n_src] for w in found[-self._n_layers :]]
 
 

@@ -35,6 +35,7 @@ from jax import numpy as jnp
 import numpy as np
 
 from trax_qkv.layers import variants
+from trax_qkv.models import registry
 from trax_qkv.models import variants as registered_variants
 
 CORES = {'PureAttention': 'attend', 'DotProductCausalAttention': 'causal'}
@@ -64,36 +65,26 @@ def attention_blocks(model):
   A block is the layer whose sublayers hold the attention core
   (PureAttention or DotProductCausalAttention), the input projections
   before it and the output Dense after it: Trax's `AttentionQKV` and
-  `CausalAttention`, the kernels' and the variants' alike. The encoder's
+  `CausalAttention`, 'reference' and the variants alike. The encoder's
   self-attention comes first; then each decoder layer's causal
   self-attention and its cross-attention.
   """
   found = []
-
-  def walk(layer):
-    kinds = [CORES.get(type(s).__name__) for s in layer.sublayers]
-    if any(kinds):
-      causal = 'causal' in kinds
-      if causal:
-        site = 'causal_attention'
-      elif any(s == 'causal_attention' for s, _ in found):
-        site = 'cross_attention'
-      else:
-        site = 'self_attention'
-      found.append((site, layer))
-      return
-    for sub in layer.sublayers:
-      walk(sub)
-
-  walk(model)
+  for layer in registry.walk(model):
+    kinds = {CORES.get(type(s).__name__) for s in layer.sublayers}
+    if 'causal' in kinds:
+      found.append(('causal_attention', layer))
+    elif 'attend' in kinds:
+      after_causal = any(s == 'causal_attention' for s, _ in found)
+      found.append(
+        ('cross_attention' if after_causal else 'self_attention', layer)
+      )
   return found
 
 
-def _leaves(layer):
-  if not layer.sublayers:
-    yield layer
-  for sub in layer.sublayers:
-    yield from _leaves(sub)
+def leaves(layer):
+  """The layers under `layer` without sublayers, in the tree's order."""
+  return [sub for sub in registry.walk(layer) if not sub.sublayers]
 
 
 def block_weights(block):
@@ -101,7 +92,7 @@ def block_weights(block):
   weights of every Dense and InputProjections before the core, flattened
   to a list ((W, b) pairs, and a variant's temperatures last)."""
   before, output, seen_core = [], None, False
-  for leaf in _leaves(block):
+  for leaf in leaves(block):
     name = type(leaf).__name__
     if name in CORES:
       seen_core = True
