@@ -175,3 +175,48 @@ def test_seeds_table_gives_intervals_and_marks_only_those_excluding_zero(
   )
   with pytest.raises(ValueError, match=r"differs from .* in \['d_model'\]"):
     compare.check_seeds(loaded + [(other, *compare.load_run(other))])
+  # A page embeds the table between markers naming its runs.
+  page = (
+    'Intro.\n\n<!-- trax-qkv-compare --seeds seed0 seed1 seed2 -->\n'
+    + table
+    + '<!-- end of trax-qkv-compare --seeds -->\n\nMore.\n'
+  )
+  assert compare.page_tables(page) == [(['seed0', 'seed1', 'seed2'], table)]
+
+
+def test_seeds_table_gives_the_circuits_mean_over_seeds(tmp_path):
+  from trax_qkv.validation import compare
+
+  references = ['a b c d .'] * 3
+  decodes = {'reference': references, 'other': references}
+  runs = []
+  for seed in range(3):
+    run_dir = _seed_run(tmp_path, seed, dict(reference=1.0, other=1.0), decodes)
+    measures = dict.fromkeys(
+      ('qk_asymmetry', 'qk_trace', 'qk_rank', 'ov_trace', 'ov_rank'),
+      [0.1 * seed, 1.0],
+    )
+    model = dict(
+      circuits={'encoder': measures},
+      importance={'loss': 2.0, 'encoder': [[0.0, 0.3 * seed], [0.1, 0.1]]},
+    )
+    circuits = dict(validation_pairs=7, reference=model, other=model)
+    (tmp_path / f'seed{seed}' / 'circuits.json').write_text(
+      json.dumps(circuits)
+    )
+    runs.append((run_dir, *compare.load_run(run_dir)))
+  rows = {
+    line.split(' | ')[0]: line.split(' | ')[1:]
+    for line in compare.render_seeds(runs).splitlines()
+  }
+  # Per layer, the mean over seeds (0, 0.1, 0.2) and over heads.
+  assert rows['| encoder QK circuit asymmetry (per layer, weights)'][0] == (
+    '0.10 / 1.00'
+  )
+  largest = '| encoder head importance, largest loss rise (per layer, 7 '
+  assert rows[largest + 'validation pairs)'][0] == '0.300 / 0.100'
+  mean = '| encoder head importance, mean loss rise (per layer, 7 '
+  assert rows[mean + 'validation pairs)'][1] == '0.150 / 0.100 |'
+  # Without circuits.json in every run: no circuit rows.
+  (tmp_path / 'seed1' / 'circuits.json').unlink()
+  assert 'circuit' not in compare.render_seeds(runs)

@@ -7,6 +7,7 @@ and one model directory per implementation.
 
 import json
 import os
+import re
 
 import numpy as np
 
@@ -316,6 +317,38 @@ def _decodes(run_dir, name):
     return f.read().splitlines()
 
 
+def reference_translations(dataset, keys, data_dir, n):
+  """The first `n` reference translations of `dataset`'s test split, in
+  the order the runs decoded it (the prepared data set's)."""
+  from trax_qkv.data import pipeline
+
+  try:
+    pairs = pipeline.load_split(dataset, 'test', tuple(keys), data_dir)
+  except Exception as e:  # tfds: a missing or unprepared data set
+    raise ValueError(
+      f'seeds: the test set of {dataset} cannot be read ({e}); prepare it '
+      'as the runs did (trax-qkv-validate).'
+    ) from None
+  return [target for _, target in pairs][:n]
+
+
+# How a page embeds a seeds table: the command's run directories (relative
+# to the page) on the first line, then render_seeds' output.
+PAGE_BLOCK = re.compile(
+  r'<!-- trax-qkv-compare --seeds (?P<dirs>[^\n]+?) -->\n'
+  r'(?P<table>.*?)'
+  r'<!-- end of trax-qkv-compare --seeds -->',
+  re.S,
+)
+
+
+def page_tables(text):
+  """[(run directories, table)] of the seeds tables that a page's `text`
+  embeds between PAGE_BLOCK's markers; each table must equal
+  `render_seeds` of its directories (a test checks the docs' pages)."""
+  return [(m['dirs'].split(), m['table']) for m in PAGE_BLOCK.finditer(text)]
+
+
 def compare_seeds(run_dirs, output_dir):
   """Writes `SEEDS_TABLE`: the runs, seeds of one experiment, in one
   table with intervals (`render_seeds`, with the test set's references
@@ -325,22 +358,13 @@ def compare_seeds(run_dirs, output_dir):
     ValueError: a run is not complete, the runs are not seeds of one
       experiment, or the test set cannot be read -- before any write.
   """
-  from trax_qkv.data import pipeline
-
   runs = [(d, *load_run(d)) for d in run_dirs]
   check_seeds(runs)
   summary = runs[0][1]
-  try:
-    pairs = pipeline.load_split(
-      summary['dataset'], 'test', tuple(summary['keys']),
-      summary['config']['data_dir'],
-    )  # fmt: skip
-  except Exception as e:  # tfds: a missing or unprepared data set
-    raise ValueError(
-      f'seeds: the test set of {summary["dataset"]} cannot be read ({e}); '
-      'prepare it as the runs did (trax-qkv-validate).'
-    ) from None
-  references = [target for _, target in pairs][: summary['test_sentences']]
+  references = reference_translations(
+    summary['dataset'], summary['keys'], summary['config']['data_dir'],
+    summary['test_sentences'],
+  )  # fmt: skip
   text = '# Seeds\n\n' + render_seeds(runs, references)
   os.makedirs(output_dir, exist_ok=True)
   files.write_text(os.path.join(output_dir, SEEDS_TABLE), text)
