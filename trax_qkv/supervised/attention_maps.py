@@ -153,18 +153,14 @@ def self_attention_scores(model_fn, weights_file, source_ids, target_ids):
   # self-attention and cross-attention.
   encoder = [(q, k) for kind, q, k in calls if kind == 'attend']
   encoder = encoder[: len(encoder) - len(causal)]
-  per_sentence = [
-    (x.reshape(len(src), -1, *x.shape[1:]) for x in qk) for qk in causal
+  # The causal kernel gets (batch * heads, L, d_head): split the batch.
+  decoder = [
+    tuple(x.reshape(len(src), -1, *x.shape[1:]) for x in qk) for qk in causal
   ]
   result = {}
   for part, layers, lengths, is_causal in (
     ('encoder', encoder, [len(s) for s in source_ids], False),
-    (
-      'decoder',
-      [tuple(p) for p in per_sentence],
-      [len(t) for t in target_ids],
-      True,
-    ),
+    ('decoder', decoder, [len(t) for t in target_ids], True),
   ):
     measured = [
       head_measures.score_measures(q, k, lengths, is_causal) for q, k in layers
