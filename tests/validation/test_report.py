@@ -184,7 +184,7 @@ def test_seeds_table_gives_intervals_and_marks_only_those_excluding_zero(
   assert compare.page_tables(page) == [(['seed0', 'seed1', 'seed2'], table)]
 
 
-def test_seeds_table_gives_the_circuits_mean_over_seeds(tmp_path):
+def test_seeds_table_gives_the_measures_mean_over_seeds(tmp_path):
   from trax_qkv.validation import compare
 
   references = ['a b c d .'] * 3
@@ -205,6 +205,19 @@ def test_seeds_table_gives_the_circuits_mean_over_seeds(tmp_path):
       json.dumps(circuits)
     )
     runs.append((run_dir, *compare.load_run(run_dir)))
+    summary = runs[-1][1]
+    summary['reference']['cross_attention_heads'] = dict(
+      divergence=[0.1 * seed], agreement=[0.5], entropy=[1.0], peak=[0.4],
+      sentences=3,
+    )  # fmt: skip
+    one_head = dict(divergence=[None], agreement=[None], entropy=[2.0 + seed])
+    summary['other']['cross_attention_heads'] = dict(
+      one_head, peak=[0.4], sentences=3
+    )
+    scores = dict(diagonal=[0.2 * seed], asymmetry=[0.0], **one_head)
+    summary['other']['self_attention_scores'] = dict(
+      encoder=scores, decoder=scores, sentences=3
+    )
   rows = {
     line.split(' | ')[0]: line.split(' | ')[1:]
     for line in compare.render_seeds(runs).splitlines()
@@ -217,6 +230,15 @@ def test_seeds_table_gives_the_circuits_mean_over_seeds(tmp_path):
   assert rows[largest + 'validation pairs)'][0] == '0.300 / 0.100'
   mean = '| encoder head importance, mean loss rise (per layer, 7 '
   assert rows[mean + 'validation pairs)'][1] == '0.150 / 0.100 |'
+  # The attention measures: the seeds' mean; '-' for one head's pairs.
+  heads = '| cross-attention, {} (per layer, 3 test sentences)'
+  assert rows[heads.format('JS divergence between heads, bits')] == [
+    '0.10', '- |'
+  ]  # fmt: skip
+  assert rows[heads.format('entropy of a head, bits')] == ['1.00', '3.00 |']
+  scores = '| decoder self-attention, {} (per layer, 3 test sentences)'
+  assert rows[scores.format('weight on itself')] == ['n/a', '0.20 |']
+  assert rows[scores.format('argmax agreement between heads')][1] == '- |'
   # Without circuits.json in every run: no circuit rows.
   (tmp_path / 'seed1' / 'circuits.json').unlink()
   assert 'circuit' not in compare.render_seeds(runs)

@@ -224,10 +224,19 @@ def render_seeds(runs, references=None, baseline='reference'):
         )
         + ' |'
       )
-  # The self-attention scores, per layer, as the seeds' mean.
+  # The attention measures, per layer, as the seeds' mean.
   mean = {
-    n: {'self_attention_scores': _mean_scores(summaries, n)} for n in names
+    n: {
+      'cross_attention_heads': _mean_measures(
+        summaries, n, 'cross_attention_heads'
+      ),
+      'self_attention_scores': _mean_measures(
+        summaries, n, 'self_attention_scores', ('encoder', 'decoder')
+      ),
+    }
+    for n in names
   }
+  lines += report.head_rows(mean, names)
   lines += report.score_rows([(mean, n) for n in names])
   lines += circuit_rows([run_dir for run_dir, _, _ in runs], names)
   return '\n'.join(lines) + '\n'
@@ -292,21 +301,35 @@ def _mean_sd(fmt, values):
   return f'{fmt.format(np.mean(values))} ± {fmt.format(sd)}'
 
 
-def _mean_scores(summaries, name):
-  """The seeds' mean `self_attention_scores` of model `name` (None where a
-  seed has none)."""
-  scores = [s[name].get('self_attention_scores') for s in summaries]
-  if not all(scores):
+def _per_layer_mean(lists):
+  """The mean per layer of per-layer lists; None where any is None (a
+  measure of pairs of heads, for one head)."""
+  return [
+    None if None in column else float(np.mean(column))
+    for column in zip(*lists, strict=True)
+  ]
+
+
+def _mean_measures(summaries, name, key, parts=None):
+  """The seeds' mean of the per-layer measures `key` of model `name`
+  ('cross_attention_heads', or 'self_attention_scores' with its `parts`);
+  None where a seed has none."""
+  found = [s[name].get(key) for s in summaries]
+  if not all(found):
     return None
+
+  def mean(measures):
+    return {
+      k: _per_layer_mean([m[k] for m in measures])
+      for k in measures[0]
+      if k != 'sentences'
+    }
+
+  if parts is None:
+    return dict(mean(found), sentences=found[0]['sentences'])
   return dict(
-    {
-      part: {
-        key: list(np.mean([m[part][key] for m in scores], axis=0))
-        for key in scores[0][part]
-      }
-      for part in ('encoder', 'decoder')
-    },
-    sentences=scores[0]['sentences'],
+    {part: mean([m[part] for m in found]) for part in parts},
+    sentences=found[0]['sentences'],
   )
 
 

@@ -185,7 +185,7 @@ def measures_line(measures):
   )
 
 
-def _head_rows(summary, labels):
+def head_rows(summary, labels):
   """The cross-attention head measures (`head_measures`), per layer;
   summaries before 0.5.0 lack them."""
   heads = [summary[label].get('cross_attention_heads') for label in labels]
@@ -296,7 +296,7 @@ def render_report(summary, labels):
       for label in labels
     ]
     lines.append(f'| {title} | ' + ' | '.join(cells) + ' |')
-  lines += _head_rows(summary, labels)
+  lines += head_rows(summary, labels)
   lines += score_rows([(summary, label) for label in labels])
   first = summary[labels[0]]
   lines += [
