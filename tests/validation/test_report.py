@@ -239,6 +239,9 @@ def test_seeds_table_gives_the_measures_mean_over_seeds(tmp_path):
   scores = '| decoder self-attention, {} (per layer, 3 test sentences)'
   assert rows[scores.format('weight on itself')] == ['n/a', '0.20 |']
   assert rows[scores.format('argmax agreement between heads')][1] == '- |'
+  # No cell or title holds a '|' of its own: every row has a cell a model.
+  for line in compare.render_seeds(runs).splitlines()[2:]:
+    assert line.count('|') == 4, line
   # Without circuits.json in every run: no circuit rows.
   (tmp_path / 'seed1' / 'circuits.json').unlink()
   assert 'circuit' not in compare.render_seeds(runs)

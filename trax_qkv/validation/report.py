@@ -202,7 +202,7 @@ def head_rows(summary, labels):
 
 SCORE_ROWS = (
   ('weight on itself', 'diagonal'),
-  ('score asymmetry |S - S^T| / |S|', 'asymmetry'),
+  ('score asymmetry ‖S − Sᵀ‖ / ‖S‖', 'asymmetry'),
   ('entropy of a head, bits', 'entropy'),
   ('argmax agreement between heads', 'agreement'),
 )
