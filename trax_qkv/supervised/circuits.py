@@ -51,12 +51,10 @@ PARTS = {
 def projections_of(implementation):
   """(Projections, whether it is the one-head variant) of a registered
   implementation name: Trax's three Dense for anything not a variant."""
-  record, _ = registered_variants.VARIANTS.get(
-    implementation, (variants.Projections(), None)
-  )
   if implementation == 'one_head':
     return variants.Projections(), True
-  return record, False
+  record, _ = registered_variants.VARIANTS.get(implementation, (None, None))
+  return record or variants.Projections(), False
 
 
 def attention_blocks(model):
