@@ -245,3 +245,52 @@ def test_seeds_table_gives_the_measures_mean_over_seeds(tmp_path):
   # Without circuits.json in every run: no circuit rows.
   (tmp_path / 'seed1' / 'circuits.json').unlink()
   assert 'circuit' not in compare.render_seeds(runs)
+
+
+def test_seeds_references_are_read_in_the_runs_order_wherever_prepared(
+  tmp_path,
+):
+  """The test split of a copy of the runs' parallel text, prepared
+  elsewhere under another data set name, comes in the runs' order."""
+  import shutil
+
+  from helpers import command
+
+  from trax_qkv import data
+  from trax_qkv.validation import compare
+
+  text = tmp_path / 'text'
+  text.mkdir()
+  lines = {
+    'train': [f'zug {i}' for i in range(4)],
+    'test': [f'satz {i} ist hier' for i in range(40)],
+  }
+  for split, sources in lines.items():
+    (text / f'{split}.de').write_text('\n'.join(sources) + '\n')
+    (text / f'{split}.en').write_text(
+      '\n'.join(s.replace('satz', 'sentence') for s in sources) + '\n'
+    )
+  run_data = str(tmp_path / 'run_tfds')
+  name = data.parallel_text_dataset(str(text), 'de', 'en')
+  data.pipeline.prepare_dataset(name, run_data)
+  summary = dict(
+    dataset=name, keys=['de', 'en'], test_sentences=30,
+    config=dict(data_dir=run_data),
+  )  # fmt: skip
+  runs_order = compare.reference_translations(summary)
+  assert len(runs_order) == 30 and len(set(runs_order)) == 30
+  assert runs_order != sorted(runs_order)  # TFDS shuffled: order matters
+  copy = tmp_path / 'elsewhere'
+  shutil.copytree(text, copy)
+  here = compare.reference_translations(
+    summary, str(copy), str(tmp_path / 'other_tfds')
+  )
+  assert here == runs_order
+  with pytest.raises(ValueError, match='give its --source_dir'):
+    compare.reference_translations(dict(summary, dataset='no_such_set'))
+  with pytest.raises(SystemExit):  # --source_dir is for --seeds
+    command('compare').main(
+      ['--runs', 'a', '--sources', 'b', '--source_dir', str(copy),
+       '--output_dir', str(tmp_path / 'x')]
+    )  # fmt: skip
+  assert not (tmp_path / 'x').exists()

@@ -1,12 +1,16 @@
 """trax-qkv-compare: completed trax-qkv-validate runs in one table, and
 their models' cross-attention for one sentence per run, side by side; or
-the seeds of one experiment in one table, with intervals.
+the seeds of one experiment in one table, with intervals (its test
+references from the data set the runs prepared, or with --source_dir from
+their parallel text wherever it is here).
 
   trax-qkv-compare --runs runs/why/numbers runs/why/multi30k \\
       --sources "nine hundred and eighty-seven" "Ein Hund rennt." \\
       --output_dir runs/why
   trax-qkv-compare --seeds runs/why/seed0 runs/why/seed1 runs/why/seed2 \\
       --output_dir runs/why
+  trax-qkv-compare --seeds docs/runs/why_three_dense/self/seed* \\
+      --source_dir ../shared/data/multi30k --output_dir /tmp/self
 
 `--runs` writes comparison.md (a table per run: parameters, losses, exact
 match, BLEU and chrF, the head measures and self-attention scores) and
@@ -44,6 +48,19 @@ def build_parser():
     help='output directories of runs that differ in their seed alone',
   )
   parser.add_argument(
+    '--source_dir',
+    metavar='DIR',
+    help='with --seeds: read the test references from this directory of '
+    "parallel text (the runs' --source_dir, wherever it is here) instead "
+    'of the data set the runs prepared',
+  )
+  parser.add_argument(
+    '--data_dir',
+    metavar='DIR',
+    help='with --source_dir: where to prepare it (default: '
+    '~/tensorflow_datasets)',
+  )
+  parser.add_argument(
     '--output_dir',
     required=True,
     help='where comparison.md and the maps go',
@@ -58,11 +75,19 @@ def main(argv=None):
     args.sources
   ):
     parser.error('give --runs with --sources, or --seeds')
+  if (args.source_dir and not args.seeds) or (
+    args.data_dir and not args.source_dir
+  ):
+    parser.error(
+      '--source_dir goes with --seeds, and --data_dir with --source_dir'
+    )
   from trax_qkv.validation import compare
 
   try:
     if args.seeds:
-      compare.compare_seeds(args.seeds, args.output_dir)
+      compare.compare_seeds(
+        args.seeds, args.output_dir, args.source_dir, args.data_dir
+      )
     else:
       compare.compare(args.runs, args.sources, args.output_dir)
   except ValueError as e:

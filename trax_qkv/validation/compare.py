@@ -340,19 +340,30 @@ def _decodes(run_dir, name):
     return f.read().splitlines()
 
 
-def reference_translations(dataset, keys, data_dir, n):
-  """The first `n` reference translations of `dataset`'s test split, in
-  the order the runs decoded it (the prepared data set's)."""
+def reference_translations(summary, source_dir=None, data_dir=None):
+  """The reference translations of a run's test sentences, in the order
+  it decoded them: from the prepared data set it read, or, with
+  `source_dir`, from that directory of parallel text prepared in
+  `data_dir` here. TFDS orders a split by its examples' keys (here the
+  line numbers), so the order is the run's wherever it is prepared."""
+  from trax_qkv import data as data_lib
   from trax_qkv.data import pipeline
 
+  keys = tuple(summary['keys'])
+  dataset, where = summary['dataset'], summary['config']['data_dir']
   try:
-    pairs = pipeline.load_split(dataset, 'test', tuple(keys), data_dir)
+    if source_dir is not None:
+      dataset = data_lib.parallel_text_dataset(source_dir, *keys)
+      where = data_dir or pipeline.DEFAULT_DATA_DIR
+      with files.locked(where, pipeline.DATA_LOCK_FILE):
+        pipeline.prepare_dataset(dataset, where)
+    pairs = pipeline.load_split(dataset, 'test', keys, where)
   except Exception as e:  # tfds: a missing or unprepared data set
     raise ValueError(
       f'seeds: the test set of {dataset} cannot be read ({e}); prepare it '
-      'as the runs did (trax-qkv-validate).'
+      'as the runs did (trax-qkv-validate), or give its --source_dir.'
     ) from None
-  return [target for _, target in pairs][:n]
+  return [target for _, target in pairs][: summary['test_sentences']]
 
 
 # How a page embeds a seeds table: the command's run directories (relative
@@ -372,10 +383,10 @@ def page_tables(text):
   return [(m['dirs'].split(), m['table']) for m in PAGE_BLOCK.finditer(text)]
 
 
-def compare_seeds(run_dirs, output_dir):
+def compare_seeds(run_dirs, output_dir, source_dir=None, data_dir=None):
   """Writes `SEEDS_TABLE`: the runs, seeds of one experiment, in one
-  table with intervals (`render_seeds`, with the test set's references
-  read from its prepared data); returns its text.
+  table with intervals (`render_seeds`, with the test set's references:
+  `reference_translations`); returns its text.
 
   Raises:
     ValueError: a run is not complete, the runs are not seeds of one
@@ -383,11 +394,7 @@ def compare_seeds(run_dirs, output_dir):
   """
   runs = [(d, *load_run(d)) for d in run_dirs]
   check_seeds(runs)
-  summary = runs[0][1]
-  references = reference_translations(
-    summary['dataset'], summary['keys'], summary['config']['data_dir'],
-    summary['test_sentences'],
-  )  # fmt: skip
+  references = reference_translations(runs[0][1], source_dir, data_dir)
   text = '# Seeds\n\n' + render_seeds(runs, references)
   os.makedirs(output_dir, exist_ok=True)
   files.write_text(os.path.join(output_dir, SEEDS_TABLE), text)
