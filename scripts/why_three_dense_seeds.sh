@@ -14,6 +14,7 @@
 #
 #   scripts/why_three_dense_seeds.sh [OUTPUT_DIR]   default runs/why_seeds
 #   SEEDS="0 1 2 3 4" MULTI30K=DIR scripts/why_three_dense_seeds.sh
+#   EXPERIMENTS=cross scripts/why_three_dense_seeds.sh   one part only
 #
 # Resumable run by run: run it again after a stop and each model continues
 # from its last checkpoint, exactly; finished ones are decoded again.
@@ -22,6 +23,7 @@ source "$(dirname "$0")/_common.sh"
 out=${1:-runs/why_seeds}
 data=${MULTI30K:-../shared/data/multi30k}
 read -r -a seeds <<<"${SEEDS:-0 1 2}"
+read -r -a experiments <<<"${EXPERIMENTS:-self cross}"
 self_models=(reference no_projection no_projection_temperature
              shared_projection raw_values raw_queries_keys shared_query_key
              multi_query one_head)
@@ -34,13 +36,16 @@ settings=(--source_dir "$data" --keys de en --vocab_size 8192 --d_model 128
           --eval_every 500 --eval_batches 0 --beam_sentences 200
           --heatmap_sentences 0 --score_sentences 50)
 
-for experiment in self cross; do
+for experiment in "${experiments[@]}"; do
   if [[ $experiment == self ]]; then
     sites=(self_attention causal_attention)
     models=("${self_models[@]}")
-  else
+  elif [[ $experiment == cross ]]; then
     sites=(cross_attention)
     models=("${cross_models[@]}")
+  else
+    echo "EXPERIMENTS: self and/or cross; got $experiment" >&2
+    exit 2
   fi
   runs=()
   for seed in "${seeds[@]}"; do
