@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from trax_qkv import checkpoint_files
+from trax_qkv.models import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(ROOT, '..', 'shared', 'data')
@@ -39,11 +40,8 @@ TINY_TRANSFORMER = dict(
 )
 
 
-def walk_layers(layer):
-  """`layer` and every sublayer under it, depth first."""
-  yield layer
-  for sub in layer.sublayers:
-    yield from walk_layers(sub)
+# `layer` and every sublayer under it, depth first.
+walk_layers = registry.walk
 
 
 # XLA_FLAGS of a subprocess with two CPU devices. Their all-reduce waits
