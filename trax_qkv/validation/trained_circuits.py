@@ -3,6 +3,7 @@
 beside its summary.json, for `trax-qkv-compare --seeds` to show.
 """
 
+import dataclasses
 import os
 
 from trax import shapes
@@ -24,7 +25,11 @@ def _run_config(run_dir):
       f'runs: {run_dir} has no {config_lib.RUN_CONFIG}; give output '
       'directories of trax-qkv-validate runs.'
     )
-  return files.read_json_object(path, 'trax-qkv-validate settings')
+  # A setting an earlier release did not record is its default.
+  defaults = dataclasses.asdict(config_lib.ValidationConfig())
+  return dict(
+    defaults, **files.read_json_object(path, 'trax-qkv-validate settings')
+  )
 
 
 def _checked_models(run_dir, config):
