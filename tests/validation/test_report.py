@@ -198,6 +198,7 @@ def test_seeds_table_gives_the_measures_mean_over_seeds(tmp_path):
     )
     model = dict(
       circuits={'encoder': measures},
+      initial_circuits={'encoder': dict(measures, qk_trace=[0.5, -0.5])},
       importance={'loss': 2.0, 'encoder': [[0.0, 0.3 * seed], [0.1, 0.1]]},
     )
     circuits = dict(validation_pairs=7, reference=model, other=model)
@@ -223,9 +224,10 @@ def test_seeds_table_gives_the_measures_mean_over_seeds(tmp_path):
     for line in compare.render_seeds(runs).splitlines()
   }
   # Per layer, the mean over seeds (0, 0.1, 0.2) and over heads.
-  assert rows['| encoder QK circuit asymmetry (per layer, weights)'][0] == (
-    '0.10 / 1.00'
-  )
+  qk = '| encoder QK circuit {} (per layer, {})'
+  assert rows[qk.format('asymmetry', 'trained weights')][0] == '0.10 / 1.00'
+  initial = qk.format('trace ratio, initialized', 'weights before training')
+  assert rows[initial][0] == '0.50 / -0.50'
   largest = '| encoder head importance, largest loss rise (per layer, 7 '
   assert rows[largest + 'validation pairs)'][0] == '0.300 / 0.100'
   mean = '| encoder head importance, mean loss rise (per layer, 7 '

@@ -277,6 +277,8 @@ def test_tiny_run_with_reference_in_every_site_is_identical(tmp_path):
   assert command('circuits').main([str(out)]) == 0
   measured = json.loads((out / 'circuits.json').read_text())
   assert measured['trax'] == measured['reference']
+  trained = measured['reference']
+  assert trained['initial_circuits'] != trained['circuits']  # it trained
   assert set(measured['trax']['circuits']) == {'encoder', 'decoder', 'cross'}
   assert len(measured['trax']['importance']['cross']) == config.n_layers
   assert measured['validation_pairs'] > 0

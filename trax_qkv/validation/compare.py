@@ -242,12 +242,21 @@ def render_seeds(runs, references=None, baseline='reference'):
   return '\n'.join(lines) + '\n'
 
 
+_CIRCUIT_MEASURES = (
+  ('QK circuit asymmetry', 'qk_asymmetry', '{:.2f}'),
+  ('QK circuit trace ratio', 'qk_trace', '{:.2f}'),
+  ('QK circuit effective rank', 'qk_rank', '{:.1f}'),
+  ('OV circuit trace ratio', 'ov_trace', '{:.2f}'),
+  ('OV circuit effective rank', 'ov_rank', '{:.1f}'),
+)
+# (title, circuits.json's group, measure, format); head importance is
+# summarized per layer by the mean and the largest rise over its heads.
 CIRCUIT_ROWS = (
-  ('QK circuit asymmetry', 'circuits', 'qk_asymmetry', '{:.2f}'),
-  ('QK circuit trace ratio', 'circuits', 'qk_trace', '{:.2f}'),
-  ('QK circuit effective rank', 'circuits', 'qk_rank', '{:.1f}'),
-  ('OV circuit trace ratio', 'circuits', 'ov_trace', '{:.2f}'),
-  ('OV circuit effective rank', 'circuits', 'ov_rank', '{:.1f}'),
+  *((t, 'circuits', k, f) for t, k, f in _CIRCUIT_MEASURES),
+  *(
+    (f'{t}, initialized', 'initial_circuits', k, f)
+    for t, k, f in _CIRCUIT_MEASURES
+  ),
   ('head importance, mean loss rise', 'importance', np.mean, '{:.3f}'),
   ('head importance, largest loss rise', 'importance', np.max, '{:.3f}'),
 )
@@ -255,9 +264,8 @@ CIRCUIT_ROWS = (
 
 def circuit_rows(run_dirs, names):
   """Table rows of the runs' circuits.json (`trax-qkv-circuits`): per
-  part and layer, the seeds' mean of each head-averaged measure; [] unless
-  every run has one. Head importance is summarized per layer by the mean
-  and the largest rise over its heads."""
+  part and layer, the seeds' mean of each measure (`CIRCUIT_ROWS`); []
+  unless every run has one, and no row of a group a run lacks."""
   from trax_qkv.validation import trained_circuits
 
   measured = []
@@ -270,28 +278,33 @@ def circuit_rows(run_dirs, names):
     p for p in ('encoder', 'decoder', 'cross')
     if p in measured[0][names[0]]['circuits']
   ]  # fmt: skip
-  n = measured[0]['validation_pairs']
+  where = {
+    'circuits': 'trained weights',
+    'initial_circuits': 'weights before training',
+    'importance': f'{measured[0]["validation_pairs"]} validation pairs',
+  }
+
+  def per_layer(m, name, group, part, key):
+    if group == 'importance':  # per layer, a rise per head
+      return [key(heads) for heads in m[name][group][part]]
+    return m[name][group][part][key]
+
   lines = []
   for part in parts:
     for title, group, key, fmt in CIRCUIT_ROWS:
-      where = f'{n} validation pairs' if group == 'importance' else 'weights'
+      if not all(group in m[n] for m in measured for n in names):
+        continue
       cells = [
         report.per_layer(
-          np.mean(
-            [
-              m[name][group][part][key]
-              if group == 'circuits'
-              else [key(heads) for heads in m[name][group][part]]
-              for m in measured
-            ],
-            axis=0,
-          ),
+          np.mean([per_layer(m, n, group, part, key) for m in measured], 0),
           fmt,
         )
-        for name in names
+        for n in names
       ]
       lines.append(
-        f'| {part} {title} (per layer, {where}) | ' + ' | '.join(cells) + ' |'
+        f'| {part} {title} (per layer, {where[group]}) | '
+        + ' | '.join(cells)
+        + ' |'
       )
   return lines
 

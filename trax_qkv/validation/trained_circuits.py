@@ -6,6 +6,7 @@ beside its summary.json, for `trax-qkv-compare --seeds` to show.
 import dataclasses
 import os
 
+import jax
 from trax import shapes
 
 from trax_qkv import data as data_lib
@@ -50,9 +51,10 @@ def _checked_models(run_dir, config):
 def measure(run_dir, log=print):
   """Writes `CIRCUITS_FILE` into `run_dir`, a completed trax-qkv-validate
   output directory, and returns what it holds: {'validation_pairs': n,
-  name: {'circuits': ..., 'importance': ...}} per model, as
-  `circuits.model_circuits` and `circuits.head_importance` give them on
-  the run's validation split.
+  name: {'circuits': ..., 'initial_circuits': ..., 'importance': ...}}
+  per model, as `circuits.model_circuits` (of the trained model, and of
+  the same model freshly initialized from the run's seed) and
+  `circuits.head_importance` (on the run's validation split) give them.
 
   Only the sites the run varied (its `sites`) are read. Models that ran
   Trax's layer or a kernel are read as 'reference' (the same weights and
@@ -79,17 +81,21 @@ def measure(run_dir, log=print):
     log(f'{name}: reading the circuits, masking each head ...')
     settings = found.settings
     measured = attention_maps.measured_attention(settings)
-    model = model_dir.model_fn(settings, measured)(mode='eval')
     attention = {site: measured[site] for site in config['sites']}
-    src, tgt, _ = batches[0]
-    model.init_from_file(
-      found.checkpoint,
-      weights_only=True,
-      input_signature=shapes.signature((src, tgt)),
-    )
     n_heads = settings['n_heads']
+    build = model_dir.model_fn(settings, measured)
+    signature = shapes.signature(batches[0][:2])
+    # The same model as initialized: what the measures are before any
+    # training (a fresh draw from the run's seed; the run keeps no step 0).
+    initial = build(mode='eval')
+    initial.init(signature, rng=jax.random.PRNGKey(config['seed']))
+    model = build(mode='eval')
+    model.init_from_file(
+      found.checkpoint, weights_only=True, input_signature=signature
+    )
     result[name] = dict(
       circuits=circuits.model_circuits(model, attention, n_heads),
+      initial_circuits=circuits.model_circuits(initial, attention, n_heads),
       importance=circuits.head_importance(model, attention, n_heads, batches),
     )
   files.write_json(os.path.join(run_dir, CIRCUITS_FILE), result)
