@@ -5,6 +5,7 @@ line, exit status 2, that a planted payload never ran (its marker file does
 not exist), and that nothing in the directory changed.
 """
 
+import dataclasses
 import gzip
 import io
 import json
@@ -733,3 +734,24 @@ def test_a_damaged_run_config_is_named(tmp_path):
     r' Choose a new --output_dir.',
   ):
     config_lib.check_same_run(config_lib.ValidationConfig(), str(tmp_path))
+
+
+def test_a_setting_an_older_run_did_not_record_is_its_default(tmp_path):
+  """A run directory from an earlier release lacks later settings: reading
+  it (trax-qkv-circuits) and resuming it take them as their defaults."""
+  config = config_lib.ValidationConfig()
+  config_lib.write_run_config(config, str(tmp_path))
+  path = tmp_path / config_lib.RUN_CONFIG
+  recorded = json.loads(path.read_text())
+  del recorded['score_sentences'], recorded['d_model']
+  path.write_text(json.dumps(recorded))
+  read = config_lib.read_run_config(str(tmp_path))
+  assert read['d_model'] == config.d_model
+  assert read['score_sentences'] == config.score_sentences
+  assert read['keys'] == list(config.keys)  # JSON values, as recorded
+  config_lib.check_same_run(config, str(tmp_path))  # the same run
+  with pytest.raises(ValueError, match=r'd_model 128 -> 64'):
+    config_lib.check_same_run(
+      dataclasses.replace(config, d_model=64), str(tmp_path)
+    )
+  assert config_lib.read_run_config(str(tmp_path / 'none')) is None

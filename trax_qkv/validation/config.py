@@ -267,27 +267,40 @@ def from_flags(args, config_class=ValidationConfig):
   )
 
 
+def read_run_config(output_dir, config_class=ValidationConfig):
+  """The settings recorded in `output_dir` as plain JSON values (lists, not
+  tuples), or None if it holds no run. A setting the run did not record
+  (added in a later release) is its default.
+
+  Raises:
+    ValueError: the recorded settings are not a JSON object.
+  """
+  path = os.path.join(output_dir, RUN_CONFIG)
+  if not os.path.exists(path):
+    return None
+  recorded = files.read_json_object(path, 'trax-qkv-validate settings')
+  defaults = dataclasses.asdict(config_class())
+  return json.loads(json.dumps(dict(defaults, **recorded)))
+
+
 def check_same_run(config, output_dir):
   """Raises ValueError if `output_dir` holds a run with other settings.
 
   A rerun resumes the checkpoints there, which is only the same run if
   everything that shapes training is the same; more `steps` (train longer)
-  and what is decoded may change. A setting the earlier run did not record
-  (added in a later release) counts as its default.
+  and what is decoded may change.
   """
-  path = os.path.join(output_dir, RUN_CONFIG)
-  if not os.path.exists(path):
-    return
   try:
-    earlier = files.read_json_object(path, 'trax-qkv-validate settings')
+    earlier = read_run_config(output_dir, type(config))
   except ValueError as e:
     raise ValueError(f'{e} Choose a new --output_dir.') from None
-  defaults = json.loads(json.dumps(dataclasses.asdict(type(config)())))
+  if earlier is None:
+    return
   current = json.loads(json.dumps(dataclasses.asdict(config)))  # lists
   changed = [
-    f'{k} {earlier.get(k, defaults[k])!r} -> {v!r}'
+    f'{k} {earlier[k]!r} -> {v!r}'
     for k, v in current.items()
-    if k not in MAY_CHANGE_ON_RESUME and earlier.get(k, defaults[k]) != v
+    if k not in MAY_CHANGE_ON_RESUME and earlier[k] != v
   ]
   if changed:
     raise ValueError(

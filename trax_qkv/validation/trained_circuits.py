@@ -3,7 +3,6 @@
 beside its summary.json, for `trax-qkv-compare --seeds` to show.
 """
 
-import dataclasses
 import os
 
 import jax
@@ -20,17 +19,13 @@ CIRCUITS_FILE = 'circuits.json'
 
 
 def _run_config(run_dir):
-  path = os.path.join(run_dir, config_lib.RUN_CONFIG)
-  if not os.path.exists(path):
+  config = config_lib.read_run_config(run_dir)
+  if config is None:
     raise ValueError(
       f'runs: {run_dir} has no {config_lib.RUN_CONFIG}; give output '
       'directories of trax-qkv-validate runs.'
     )
-  # A setting an earlier release did not record is its default.
-  defaults = dataclasses.asdict(config_lib.ValidationConfig())
-  return dict(
-    defaults, **files.read_json_object(path, 'trax-qkv-validate settings')
-  )
+  return config
 
 
 def _checked_models(run_dir, config):
@@ -77,6 +72,7 @@ def measure(run_dir, log=print):
     data, 'validation', config['max_length'], config['batch_size']
   )
   result = {'validation_pairs': int(sum(b[2][:, 0].sum() for b in batches))}
+  signature = shapes.signature(batches[0][:2])
   for name, found in models.items():
     log(f'{name}: reading the circuits, masking each head ...')
     settings = found.settings
@@ -84,7 +80,6 @@ def measure(run_dir, log=print):
     attention = {site: measured[site] for site in config['sites']}
     n_heads = settings['n_heads']
     build = model_dir.model_fn(settings, measured)
-    signature = shapes.signature(batches[0][:2])
     # The same model as initialized: what the measures are before any
     # training (a fresh draw from the run's seed; the run keeps no step 0).
     initial = build(mode='eval')
