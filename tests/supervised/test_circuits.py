@@ -88,23 +88,29 @@ def test_head_matrices_give_the_layers_own_output(name):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def _transformer(attention, n_encoder_layers=1, batch=1, seed=0):
+  """A tiny Transformer in eval mode with `attention` in its sites."""
+  x = np.ones((batch, L), np.int32)
+  with trax_qkv.use_attention(**attention):
+    model = trax.models.Transformer(
+      20, d_model=D, d_ff=16, n_encoder_layers=n_encoder_layers,
+      n_decoder_layers=1, n_heads=HEADS, mode='eval',
+    )  # fmt: skip
+  model.init(shapes.signature((x, x)), rng=jax.random.PRNGKey(seed))
+  return model
+
+
 def test_what_the_mathematics_says_of_the_variants_circuits():
   """Unprojected and shared query-key forms are symmetric and positive
   semi-definite in every site; Trax's projections are neither."""
   sites = ('self_attention', 'causal_attention', 'cross_attention')
-  x = np.ones((1, L), np.int32)
   for name, symmetric in (
     ('reference', False),
     ('no_projection', True),
     ('shared_query_key', True),
   ):
     attention = dict.fromkeys(sites, name)
-    with trax_qkv.use_attention(**attention):
-      model = trax.models.Transformer(
-        20, d_model=D, d_ff=16, n_encoder_layers=1, n_decoder_layers=1,
-        n_heads=HEADS, mode='eval',
-      )  # fmt: skip
-    model.init(shapes.signature((x, x)), rng=jax.random.PRNGKey(0))
+    model = _transformer(attention)
     measured = circuits.model_circuits(model, attention, HEADS)
     assert set(measured) == {'encoder', 'decoder', 'cross'}
     for part in measured.values():
@@ -121,14 +127,7 @@ def test_what_the_mathematics_says_of_the_variants_circuits():
 @pytest.fixture(scope='module')
 def tiny_model():
   attention = {'self_attention': 'reference'}
-  x = np.ones((2, L), np.int32)
-  with trax_qkv.use_attention(**attention):
-    model = trax.models.Transformer(
-      20, d_model=D, d_ff=16, n_encoder_layers=2, n_decoder_layers=1,
-      n_heads=HEADS, mode='eval',
-    )  # fmt: skip
-  model.init(shapes.signature((x, x)), rng=jax.random.PRNGKey(3))
-  return model, attention
+  return _transformer(attention, n_encoder_layers=2, batch=2, seed=3), attention
 
 
 def test_mean_loss_is_trax_cross_entropy(tiny_model):
@@ -168,3 +167,11 @@ def test_head_importance_masks_that_head_alone(tiny_model):
   assert all(v != 0.0 for v in other_layer)
   after = jax.tree_util.tree_leaves(model.weights)
   assert all(np.array_equal(a, b) for a, b in zip(weights, after, strict=True))
+
+
+def test_one_head_owns_every_feature():
+  assert circuits.head_slices('one_head', HEADS, D) == [slice(0, D)]
+  assert circuits.head_slices('multi_query', HEADS, D) == [
+    slice(0, D // 2),
+    slice(D // 2, D),
+  ]

@@ -106,17 +106,24 @@ def block_weights(block):
   return before, output
 
 
+def head_slices(implementation, n_heads, d):
+  """Per head, the slice of the d features it owns: its columns of the
+  input projections, its rows of the output Dense W_O. One slice for the
+  one-head variant, whatever the model's `n_heads`."""
+  heads = 1 if projections_of(implementation)[1] else n_heads
+  d_head = d // heads
+  return [slice(h * d_head, (h + 1) * d_head) for h in range(heads)]
+
+
 def head_matrices(block, implementation, n_heads):
   """Per head, (W_Q, W_K, W_V, W_O) of a block as numpy arrays: d x
   d_head, d x d_head, d x d_head, d_head x d (module doc), for the
   registered `implementation` the block was built by."""
-  projections, one_head = projections_of(implementation)
-  if one_head:
-    n_heads = 1
+  projections, _ = projections_of(implementation)
   before, output = block_weights(block)
   w_o = np.asarray(output.weights[0], np.float64)
   d = w_o.shape[1]
-  d_head = d // n_heads
+  heads = head_slices(implementation, n_heads, d)
   own = iter(before)
   dense = {}
   for name in 'qkv':
@@ -126,11 +133,11 @@ def head_matrices(block, implementation, n_heads):
   temperature = (
     np.exp(np.asarray(next(own), np.float64))
     if projections.temperature
-    else np.ones(n_heads)
+    else np.ones(len(heads))
   )
   identity = np.eye(d)
 
-  def per_head(name, h):
+  def per_head(name, rows):
     kind = getattr(projections, name)
     if kind == 'none':
       w = identity
@@ -138,16 +145,16 @@ def head_matrices(block, implementation, n_heads):
       return dense[name]
     else:
       w = dense['q' if kind == 'q' else name]
-    return w[:, h * d_head : (h + 1) * d_head]
+    return w[:, rows]
 
   return [
     (
-      per_head('q', h) * temperature[h],
-      per_head('k', h),
-      per_head('v', h),
-      w_o[h * d_head : (h + 1) * d_head],
+      per_head('q', rows) * temperature[h],
+      per_head('k', rows),
+      per_head('v', rows),
+      w_o[rows],
     )
-    for h in range(n_heads)
+    for h, rows in enumerate(heads)
   ]
 
 
@@ -248,14 +255,12 @@ def head_importance(model, attention, n_heads, batches):
   for site, block in attention_blocks(model):
     if site not in attention:
       continue
-    heads = 1 if projections_of(attention[site])[1] else n_heads
     _, output = block_weights(block)
     w_o, b_o = output.weights
-    d_head = w_o.shape[0] // heads
     rises = []
-    for h in range(heads):
+    for rows in head_slices(attention[site], n_heads, w_o.shape[0]):
       masked = np.array(w_o)
-      masked[h * d_head : (h + 1) * d_head] = 0
+      masked[rows] = 0
       output.weights = (jnp.asarray(masked), b_o)
       rises.append(mean_loss(model, batches, loss) - base)
     output.weights = (w_o, b_o)
