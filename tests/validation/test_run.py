@@ -12,6 +12,7 @@ import pytest
 from trax_qkv.supervised import scoring
 from trax_qkv.validation import compare
 from trax_qkv.validation import config as config_lib
+from trax_qkv.validation import report
 from trax_qkv.validation import run as validation
 
 
@@ -220,6 +221,9 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
   assert '| | `trax` | `reference` |' in table
   row = f'| parameters | {summary["trax"]["parameters"]:,} |'
   assert row in table
+  head_rows = report.head_rows(summary, ['trax', 'reference'])
+  assert len(head_rows) == len(report.HEAD_ROWS)
+  assert all(r in table for r in head_rows)  # as report.md shows them
   assert (out / 'cmp' / 'maps_0.png').stat().st_size > 0
   assert (
     command('compare').main(

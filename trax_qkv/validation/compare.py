@@ -80,13 +80,7 @@ def render_table(runs):
         + ' | '.join(fmt(summary[n].get(key)) for n in names)
         + ' |'
       )
-    for label, key in report.HEAD_ROWS:
-      heads = [summary[n].get('cross_attention_heads') for n in names]
-      lines.append(
-        f'| cross-attention {label}, per layer | '
-        + ' | '.join(report.per_layer(h and h.get(key)) for h in heads)
-        + ' |'
-      )
+    lines += report.head_rows(summary, names)
     lines += report.score_rows([(summary, n) for n in names])
     lines.append('')
   return '\n'.join(lines)
