@@ -120,11 +120,13 @@ def _seed_run(tmp_path, seed, eval_losses, decodes, **config):
   run_dir = tmp_path / f'seed{seed}'
   run_dir.mkdir()
   base = dict(d_model=16, d_ff=32, n_layers=1, n_heads=2, dropout=0.0)
+  base.update(batch_size=8, sites=['self_attention', 'causal_attention'])
   base.update(config, seed=seed, bleu_tokenize='13a')
   base['implementations'] = list(eval_losses)
   summary = dict(
-    seed=seed, config=base, test_sentences=len(decodes['reference'])
-  )
+    seed=seed, config=base, test_sentences=len(decodes['reference']),
+    dataset='trax_qkv_numbers', steps=100,
+  )  # fmt: skip
   for name, loss in eval_losses.items():
     summary[name] = dict(eval_loss=loss, eval_accuracy=1 - loss)
     (run_dir / f'decodes_{name}.txt').write_text('\n'.join(decodes[name]))
@@ -151,6 +153,11 @@ def test_seeds_table_gives_intervals_and_marks_only_those_excluding_zero(
   ]
   loaded = [(d, *compare.load_run(d)) for d in runs]
   table = compare.render_seeds(loaded, references)
+  assert table.startswith(
+    '`trax_qkv_numbers`, 100 steps of batch 8, attention varied in '
+    'self_attention and causal_attention; 3 seeds (0, 1, 2). Transformer'
+  )
+  assert '1 seed (0).' in compare.render_seeds(loaded[:1])
   cells = {
     row[0]: row[1:]
     for row in (
@@ -296,3 +303,4 @@ def test_seeds_references_are_read_in_the_runs_order_wherever_prepared(
        '--output_dir', str(tmp_path / 'x')]
     )  # fmt: skip
   assert not (tmp_path / 'x').exists()
+

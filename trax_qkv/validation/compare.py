@@ -160,9 +160,13 @@ def render_seeds(runs, references=None, baseline='reference'):
   if baseline not in names:
     raise ValueError(f'seeds: no {baseline!r} model in {names}.')
   summaries = [summary for _, summary, _ in runs]
+  first, c = summaries[0], summaries[0]['config']
+  seeds = ', '.join(str(s['seed']) for s in summaries)
   lines = [
-    f'{len(runs)} seeds ({", ".join(str(s["seed"]) for s in summaries)}); '
-    + report.model_line(summaries[0]['config'])
+    f'`{first["dataset"]}`, {first["steps"]} steps of batch '
+    f'{c["batch_size"]}, attention varied in {" and ".join(c["sites"])}; '
+    f'{len(runs)} seed{"s" if len(runs) > 1 else ""} ({seeds}). '
+    + report.model_line(c)
     + '.',
     '',
     '| | ' + ' | '.join(f'`{n}`' for n in names) + ' |',
