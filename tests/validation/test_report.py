@@ -304,3 +304,35 @@ def test_seeds_references_are_read_in_the_runs_order_wherever_prepared(
     )  # fmt: skip
   assert not (tmp_path / 'x').exists()
 
+
+@pytest.mark.slow
+def test_why_three_dense_tables_are_the_commands_output(tmp_path):
+  """docs/why_three_dense.md's results are `trax-qkv-compare --seeds`
+  output of the runs committed under docs/runs/why_three_dense, each equal
+  to the seeds.md the command wrote there."""
+  import os
+
+  from helpers import ROOT
+  from helpers import require_shared_data
+  from helpers import shared_data_dir
+
+  from trax_qkv.validation import compare
+
+  docs = os.path.join(ROOT, 'docs')
+  with open(os.path.join(docs, 'why_three_dense.md'), encoding='utf-8') as f:
+    blocks = compare.page_tables(f.read())
+  experiments = [os.path.basename(os.path.dirname(d[0])) for d, _ in blocks]
+  assert experiments == ['self', 'cross']
+  source = require_shared_data('multi30k')
+  for dirs, table in blocks:
+    run_dirs = [os.path.join(docs, d) for d in dirs]
+    runs = [(d, *compare.load_run(d)) for d in run_dirs]
+    assert len(runs) >= 3  # seeds
+    compare.check_seeds(runs)
+    references = compare.reference_translations(
+      runs[0][1], source, shared_data_dir(tmp_path)
+    )
+    assert compare.render_seeds(runs, references) == table
+    seeds = os.path.join(os.path.dirname(run_dirs[0]), compare.SEEDS_TABLE)
+    with open(seeds, encoding='utf-8') as f:
+      assert f.read() == '# Seeds\n\n' + table
