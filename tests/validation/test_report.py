@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import warnings
 
 from matplotlib import font_manager
@@ -310,8 +311,6 @@ def test_why_three_dense_tables_are_the_commands_output(tmp_path):
   """docs/why_three_dense.md's results are `trax-qkv-compare --seeds`
   output of the runs committed under docs/runs/why_three_dense, each equal
   to the seeds.md the command wrote there."""
-  import os
-
   from helpers import ROOT
   from helpers import require_shared_data
   from helpers import shared_data_dir

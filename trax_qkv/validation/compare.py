@@ -52,6 +52,14 @@ ROWS = (
 )
 
 
+def _training_line(summary):
+  """'`dataset`, N steps of batch B': what a run trained on, and how long."""
+  return (
+    f'`{summary["dataset"]}`, {summary["steps"]} steps of batch '
+    f'{summary["config"]["batch_size"]}'
+  )
+
+
 def render_table(runs):
   """One markdown table per run: a column per model, a row per measure.
 
@@ -64,8 +72,7 @@ def render_table(runs):
     lines += [
       f'### {title}',
       '',
-      f'`{summary["dataset"]}`, {summary["steps"]} steps of batch '
-      f'{c["batch_size"]}, seed {summary["seed"]}; '
+      f'{_training_line(summary)}, seed {summary["seed"]}; '
       f'{summary["test_sentences"]} test sentences (beam search: '
       f'{summary[names[0]].get("beam_sentences")}). '
       + report.model_line(c)
@@ -160,11 +167,11 @@ def render_seeds(runs, references=None, baseline='reference'):
   if baseline not in names:
     raise ValueError(f'seeds: no {baseline!r} model in {names}.')
   summaries = [summary for _, summary, _ in runs]
-  first, c = summaries[0], summaries[0]['config']
+  c = summaries[0]['config']
   seeds = ', '.join(str(s['seed']) for s in summaries)
   lines = [
-    f'`{first["dataset"]}`, {first["steps"]} steps of batch '
-    f'{c["batch_size"]}, attention varied in {" and ".join(c["sites"])}; '
+    f'{_training_line(summaries[0])}, attention varied in '
+    f'{" and ".join(c["sites"])}; '
     f'{len(runs)} seed{"s" if len(runs) > 1 else ""} ({seeds}). '
     + report.model_line(c)
     + '.',
