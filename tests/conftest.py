@@ -39,6 +39,20 @@ def pytest_configure(config):
     )
 
 
+def pytest_collection_modifyitems(config, items):
+  """`stack` picks slow tests for CI's newest leg, which runs the quick
+  loop besides (-m "not slow or stack"): a `stack` test that is not also
+  `slow` would mean nothing there, so it is an error."""
+  del config
+  loose = [
+    item.nodeid
+    for item in items
+    if item.get_closest_marker('stack') and not item.get_closest_marker('slow')
+  ]
+  if loose:
+    raise pytest.UsageError(f'marked stack but not slow: {loose}')
+
+
 def pytest_unconfigure(config):
   if getattr(config, '_xla_cache_dir', None):
     shutil.rmtree(config._xla_cache_dir, ignore_errors=True)

@@ -130,6 +130,7 @@ def test_attention_routing_is_guarded_by_what_can_be_checked(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_import_succeeds_where_a_routed_module_is_gone():
   """One warning, and the models that remain are routed."""
   code = (
@@ -274,6 +275,7 @@ def test_installed_on_a_trax_already_imported(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_importing_trax_qkv_first_patches_before_trax_uses_it():
   # Trax's decorators run while `import trax_qkv` imports Trax: none of
   # them may call the real inspect.stack().

@@ -35,6 +35,7 @@ def _reference(q, k, v):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 @hypothesis.settings(max_examples=15, deadline=None)
 @hypothesis.given(
   rows=st.integers(1, 5),
@@ -75,6 +76,7 @@ def test_tiles_take_whole_rows_while_the_logits_fit():
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 @pytest.mark.parametrize('block, split', [(8, 1), (8, 2), (128, 2)])
 def test_dropout_gradient_matches_forward_mode_derivative(block, split):
   """With dropout the hand-written backward agrees with JAX's forward-mode

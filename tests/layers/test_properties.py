@@ -32,6 +32,7 @@ def attention_problems(draw):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 @settings(max_examples=20, deadline=None)
 @given(attention_problems())
 def test_plugin_equals_builtin(problem):
@@ -48,6 +49,7 @@ def test_plugin_equals_builtin(problem):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 @settings(max_examples=20, deadline=None)
 @given(attention_problems(), st.sampled_from(['fused', 'chunked', 'auto']))
 def test_fast_paths_match_builtin(problem, implementation):

@@ -112,6 +112,7 @@ def test_dot_product_causal_attention_identical_and_viz_state():
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 @hypothesis.settings(max_examples=8, deadline=None)
 @hypothesis.given(
   batch=st.integers(1, 3),
@@ -357,6 +358,7 @@ def test_gin_binds_each_site():
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 @pytest.mark.parametrize('dropout', [0.0, 0.1])
 def test_transformer_lm_identical_with_plugin_in_every_site(dropout):
   tokens = np.random.RandomState(0).randint(1, 30, (2, 10)).astype(np.int32)
@@ -367,6 +369,7 @@ def test_transformer_lm_identical_with_plugin_in_every_site(dropout):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_transformer_identical_with_plugin_in_every_site():
   rs = np.random.RandomState(1)
   source = rs.randint(1, 30, (2, 9)).astype(np.int32)

@@ -72,6 +72,7 @@ def test_only_cross_attention_is_replaced():
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 @pytest.mark.parametrize('mode,dropout', [('eval', 0.0), ('train', 0.2)])
 def test_logits_and_gradients_identical(mode, dropout):
   builtin, plugin = _models(mode, dropout)
@@ -133,6 +134,7 @@ def _trained_eval_weights():
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_greedy_decoding_identical():
   model, src = _trained_eval_weights()
   with tempfile.TemporaryDirectory() as tmp:
@@ -216,6 +218,7 @@ def test_checkpoints_cross_load(direction, mode):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_loop_checkpoint_loads_into_plugin():
   """A checkpoint written by training.Loop for the built-in model."""
   from trax.supervised import training

@@ -143,6 +143,7 @@ def _sources(n, seed=0):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 @pytest.mark.parametrize(
   'n_beams,alpha', [(1, 0.6), (1, 0.0), (2, 0.6), (4, 0.6), (3, 0.0)]
 )
@@ -193,6 +194,7 @@ def test_decodes_equal_the_python_loop(checkpoint, n_beams, alpha, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 @pytest.mark.parametrize('n_beams', [1, 3])
 def test_trax_and_reference_decode_alike(checkpoint, n_beams):
   path, _ = checkpoint
@@ -297,6 +299,7 @@ def test_batches_are_padded_to_few_lengths(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_one_program_per_batch_shape(checkpoint, monkeypatch):
   """A program is compiled once for each (sentences, bucket, max_length)
   and then reused: decoding the same sources again compiles nothing."""

@@ -135,6 +135,7 @@ def _assert_same_checkpoint(dir_a, dir_b):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_two_processes_validate_as_one_process_with_two_devices(tmp_path):
   two_processes, two_devices = tmp_path / 'processes', tmp_path / 'devices'
   assert (
@@ -215,6 +216,7 @@ def _start_as_slurm_job(argv, log_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
   tmp_path,
 ):

@@ -98,6 +98,7 @@ def _assert_same_run(dir_a, dir_b):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   tfds_dir = shared_data_dir(tmp_path)
   bindings = tiny_train_bindings(tfds_dir, steps=120, eval_frequency=20)
@@ -388,6 +389,7 @@ assert loop.n_devices == 2, loop.n_devices
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 def test_two_device_data_parallel_matches_one_device(tmp_path):
   """Without dropout (each device draws its own masks). That the built-in
   and the plugin train bit-identically on two devices, dropout on, is

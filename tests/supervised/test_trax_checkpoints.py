@@ -233,6 +233,7 @@ def test_loop_and_our_resume_restore_it(written, writer, loop_class, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.stack
 @pytest.mark.parametrize('implementation', ['reference', 'auto'])
 def test_our_layers_in_every_site_decode_the_trainer_lib_checkpoint(
   written, implementation
