@@ -15,36 +15,6 @@ from trax_qkv.benchmarks import kernels as kernel_bench
 from trax_qkv.benchmarks import timing
 
 
-@pytest.mark.slow
-def test_kernel_bench_measures_every_implementation(tmp_path):
-  shape = (2, 16, 24, 16, 4)  # batch, Lq, Lk, d_model, heads
-  command('bench_kernels').main(
-    [
-      '--rounds',
-      '1',
-      '--shape',
-      *map(str, shape),
-      '--output_dir',
-      str(tmp_path),
-    ]
-  )
-  results = json.loads((tmp_path / 'kernel_bench.json').read_text())
-  assert [e['dtype'] for e in results['shapes']] == ['bfloat16', 'float32']
-  for entry in results['shapes']:
-    assert entry['shape'] == list(shape)
-    assert set(kernel_bench.implementations_for(entry['dtype'])) == set(
-      entry['results']
-    )
-    for implementation, r in entry['results'].items():
-      assert r['fwd_ms'] > 0 and r['fwd_bwd_ms'] > 0, implementation
-      if entry['dtype'] == 'float32':  # the fast paths' promise
-        assert r['max_rel_error'] < 1e-5, implementation
-  table = (tmp_path / 'kernel_bench.md').read_text()
-  assert table.count('| 2, 16, 24, 16, 4 |') == 2 * len(
-    kernel_bench.implementations_for('float32')
-  )
-
-
 def test_interleaved_rounds_rotate_and_prime_each_turn():
   """Each turn: `untimed` calls, then `calls` timed ones; rounds rotate."""
   import jax.numpy as jnp
@@ -137,10 +107,12 @@ def test_page_faults_per_call_averages_the_process_counters(monkeypatch):
 
 
 @pytest.mark.slow
-def test_kernel_bench_runs_without_trax_or_tensorflow(tmp_path):
+def test_kernel_bench_measures_every_implementation_without_trax(tmp_path):
   """`python3 -m _trax_qkv_cli bench_kernels` on a Python where importing
-  trax or tensorflow fails: the kernels and their benchmark need JAX
-  alone."""
+  trax or tensorflow fails (the kernels and their benchmark need JAX
+  alone) measures every implementation of both dtypes, the float32 fast
+  paths within their promise of the reference."""
+  shape = (2, 16, 24, 16, 4)  # batch, Lq, Lk, d_model, heads
   blocker = textwrap.dedent(f"""
       import runpy, sys
       class Blocked:
@@ -149,7 +121,7 @@ def test_kernel_bench_runs_without_trax_or_tensorflow(tmp_path):
             raise ModuleNotFoundError(f'No module named {{name}}', name=name)
       sys.meta_path.insert(0, Blocked())
       sys.argv = ['_trax_qkv_cli', 'bench_kernels', '--rounds', '1',
-                  '--shape', '1', '8', '8', '16', '2', '--output_dir',
+                  '--shape', *{list(map(str, shape))!r}, '--output_dir',
                   {str(tmp_path)!r}]
       sys.path.insert(0, {ROOT!r})
       try:
@@ -167,7 +139,20 @@ def test_kernel_bench_runs_without_trax_or_tensorflow(tmp_path):
   )
   assert done.returncode == 0, done.stderr[-3000:]
   results = json.loads((tmp_path / 'kernel_bench.json').read_text())
-  assert [e['shape'] for e in results['shapes']] == [[1, 8, 8, 16, 2]] * 2
+  assert [e['dtype'] for e in results['shapes']] == ['bfloat16', 'float32']
+  for entry in results['shapes']:
+    assert entry['shape'] == list(shape)
+    assert set(kernel_bench.implementations_for(entry['dtype'])) == set(
+      entry['results']
+    )
+    for implementation, r in entry['results'].items():
+      assert r['fwd_ms'] > 0 and r['fwd_bwd_ms'] > 0, implementation
+      if entry['dtype'] == 'float32':  # the fast paths' promise
+        assert r['max_rel_error'] < 1e-5, implementation
+  table = (tmp_path / 'kernel_bench.md').read_text()
+  assert table.count('| 2, 16, 24, 16, 4 |') == 2 * len(
+    kernel_bench.implementations_for('float32')
+  )
 
 
 def test_bad_shape_is_refused_before_any_work(capsys):
