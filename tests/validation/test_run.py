@@ -162,15 +162,17 @@ def _assert_same_attention_measures(summary, config, out):
 
 
 @pytest.mark.slow
-def test_tiny_side_by_side_run_is_identical(tmp_path):
+def test_tiny_side_by_side_run_in_every_site_is_identical(tmp_path):
+  """'reference' in encoder self-, decoder causal and cross-attention: the
+  same losses, decodes (greedy and beam) and attention measures as Trax's
+  layers; the report says what ran where; every file is written, and the
+  commands that read a run (compare, circuits) read it. Evaluated on the
+  whole validation split, each sentence once."""
   config = tiny_validation_config(
-    shared_data_dir(tmp_path),
-    12,
-    6,
-    beam_sentences=2,
-    heatmap_sentences=2,
-    score_sentences=3,
-  )
+    shared_data_dir(tmp_path), 12, 6,
+    beam_sentences=2, heatmap_sentences=2, score_sentences=3, eval_batches=0,
+    sites=('self_attention', 'causal_attention', 'cross_attention'),
+  )  # fmt: skip
   out = tmp_path / 'out'
   summary = validation.run_validation(config, str(out), log=lambda _: None)
   for name in (
@@ -210,7 +212,19 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
   assert '| training step, median (ms) |' in (out / 'report.md').read_text()
   assert 'training time' not in (out / 'report.md').read_text()
   _assert_same_attention_measures(summary, config, out)
-  # trax-qkv-compare: the table of the run, and both models' maps.
+  _assert_compare_reads_the_run(summary, out)
+  assert summary['environment']['jax'] == jax.__version__
+  assert 'Ran on Python ' in (out / 'report.md').read_text()
+  _assert_every_site_reference_and_circuits(summary, config, out, tmp_path)
+  # The same output_dir with another model size: refused, nothing touched.
+  before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+  with pytest.raises(ValueError, match=r'other settings \(d_model 32 -> 64\)'):
+    validation.run_validation(dataclasses.replace(config, d_model=64), str(out))
+  assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+def _assert_compare_reads_the_run(summary, out):
+  """trax-qkv-compare: the table of the run, and both models' maps."""
   assert (
     command('compare').main(
       ['--runs', str(out), '--sources', 'one', '--output_dir', str(out / 'cmp')]
@@ -240,29 +254,11 @@ def test_tiny_side_by_side_run_is_identical(tmp_path):
     == 2
   )
   assert not (out / 'x').exists()
-  assert summary['environment']['jax'] == jax.__version__
-  assert 'Ran on Python ' in (out / 'report.md').read_text()
-  # The same output_dir with another model size: refused, nothing touched.
-  before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-  with pytest.raises(ValueError, match=r'other settings \(d_model 32 -> 64\)'):
-    validation.run_validation(dataclasses.replace(config, d_model=64), str(out))
-  assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 
-@pytest.mark.slow
-def test_tiny_run_with_reference_in_every_site_is_identical(tmp_path):
-  """'reference' in encoder self-, decoder causal and cross-attention: the
-  same losses and decodes as Trax's layers; the report says what ran where.
-  Evaluated on the whole validation split, each sentence once."""
-  config = tiny_validation_config(
-    shared_data_dir(tmp_path), 8, 4,
-    beam_sentences=0, heatmap_sentences=0, eval_batches=0,
-    sites=('self_attention', 'causal_attention', 'cross_attention'),
-  )  # fmt: skip
-  out = tmp_path / 'out'
-  summary = validation.run_validation(config, str(out), log=lambda _: None)
-  assert summary['max_loss_diff'] == 0.0
-  assert summary['identical_decodes'] == 1.0
+def _assert_every_site_reference_and_circuits(summary, config, out, tmp_path):
+  """The report says what ran where; trax-qkv-circuits reads the same
+  weights the same, in every site."""
   assert summary['trax']['eval_loss'] == summary['reference']['eval_loss']
   assert summary['reference']['attention'] == {
     'self_attention': 'reference',
@@ -270,14 +266,12 @@ def test_tiny_run_with_reference_in_every_site_is_identical(tmp_path):
     'cross_attention': 'reference',
   }
   assert set(summary['trax']['attention'].values()) == {'trax'}
-  report = (out / 'report.md').read_text()
   assert (
     '| attention: encoder self / decoder causal / cross | '
     'trax / trax / trax | reference / reference / reference |'
-  ) in report
+  ) in (out / 'report.md').read_text()
   saved = json.loads((out / 'reference' / 'model.json').read_text())
   assert saved['attention']['causal_attention'] == 'reference'
-  # trax-qkv-circuits: the same weights read the same, in every site.
   assert command('circuits').main([str(out)]) == 0
   measured = json.loads((out / 'circuits.json').read_text())
   assert measured['trax'] == measured['reference']
