@@ -101,7 +101,7 @@ def _assert_same_run(dir_a, dir_b):
 @pytest.mark.stack
 def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   tfds_dir = shared_data_dir(tmp_path)
-  bindings = tiny_train_bindings(tfds_dir, steps=120, eval_frequency=20)
+  bindings = tiny_train_bindings(tfds_dir, steps=60, eval_frequency=10)
 
   def argv(output_dir):
     return [
@@ -118,9 +118,9 @@ def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   # The first run also prepares the data.
   assert train_script.main(argv(uninterrupted)[3:]) == 0
   killed_at = _kill_at_checkpoint(
-    argv(resumed), str(resumed), 40, tmp_path / 'killed.log'
+    argv(resumed), str(resumed), 20, tmp_path / 'killed.log'
   )
-  assert 40 <= killed_at < 120
+  assert 20 <= killed_at < 60
   assert train_script.main(argv(resumed)[3:]) == 0
   _assert_same_run(str(uninterrupted), str(resumed))
 
@@ -131,8 +131,8 @@ def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
     return ['-m', '_trax_qkv_cli', 'validate'] + tiny_validate_flags(
       shared_data_dir(tmp_path),
       output_dir,
-      120,
-      20,
+      60,
+      10,
       '--implementations',
       'reference',
       '--beam_sentences',
@@ -142,21 +142,21 @@ def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
   assert validate_script.main(argv(uninterrupted)[3:]) == 0
   killed_at = _kill_at_checkpoint(
-    argv(resumed), str(resumed / 'reference'), 40, tmp_path / 'killed.log'
+    argv(resumed), str(resumed / 'reference'), 20, tmp_path / 'killed.log'
   )
-  assert 40 <= killed_at < 120
+  assert 20 <= killed_at < 60
   assert validate_script.main(argv(resumed)[3:]) == 0
   _assert_same_run(str(uninterrupted / 'reference'), str(resumed / 'reference'))
   step_losses = _checkpoint(str(resumed / 'reference'))[0]['history'][
     '_values'
   ]['train']['metrics/step_loss']
-  assert [step for step, _ in step_losses] == list(range(1, 121))
+  assert [step for step, _ in step_losses] == list(range(1, 61))
   # Training time adds up over the killed run and its restart: every step
   # counted once.
   step_seconds = _checkpoint(str(resumed / 'reference'))[0]['history'][
     '_values'
   ]['train']['metrics/step_seconds']
-  assert [step for step, _ in step_seconds] == list(range(1, 121))
+  assert [step for step, _ in step_seconds] == list(range(1, 61))
   summary = json.loads((resumed / 'summary.json').read_text())['reference']
   assert summary['train_seconds'] == pytest.approx(
     sum(seconds for _, seconds in step_seconds)
