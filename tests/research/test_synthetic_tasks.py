@@ -1,6 +1,7 @@
 """The synthetic tasks' model, training and measures, on a tiny case."""
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -72,3 +73,39 @@ def test_scores_are_the_layers_and_keep_the_bound_where_symmetric():
   net, curve = tasks.train(setting)
   again = tasks.measure(net, setting, curve, n_sequences=64)
   assert again == measured['shared_query_key']
+
+
+def test_the_experiment_resumes_and_tabulates(tmp_path, monkeypatch):
+  """A rerun trains only what results.json lacks; the table has a row per
+  task, input and implementation, over its seeds."""
+  from trax_qkv.research import synthetic_runs as runs
+
+  def measures(accuracy, solved):
+    return {
+      'accuracy': accuracy, 'steps_to_solve': solved, 'curve': [],
+      'argmax_on_target': [1.0, 0.5], 'argmax_on_self': [0.0, 0.25],
+      'bound_breaking_rows': 0, 'mutual_pairs': 0,
+    }  # fmt: skip
+
+  trained = []
+
+  def train(setting):
+    trained.append(runs.key(setting))
+    return None, [(0, 0.5)]
+
+  monkeypatch.setattr(tasks, 'train', train)
+  monkeypatch.setattr(
+    tasks, 'measure', lambda net, s, curve: measures(0.5 + s.seed / 4, 100)
+  )
+  grid = runs.settings([0, 1], ['swap'], [False], ['reference'])
+  runs.run(str(tmp_path), grid[:1], log=lambda _: None)
+  results = runs.run(str(tmp_path), grid, log=lambda _: None)
+  assert trained == ['swap/raw/reference/0', 'swap/raw/reference/1']
+  saved = json.loads((tmp_path / runs.RESULTS).read_text())
+  assert saved['runs'] == results and saved['environment']['jax']
+  table = runs.table(results).splitlines()
+  assert len(table) == 3
+  assert table[2] == (
+    '| swap | raw | `reference` | 2 | 0.625 [0.500, 0.750] | 2/2 | 100 '
+    '| 0.75 / 0.12 | 0, 0 |'
+  )
