@@ -50,6 +50,8 @@ class Site:
     dispatcher: the gin name (module `trax_qkv`) of the site's dispatcher.
     role: what the site is, in words.
     modules: the modules of trax.models that call `tl.<trax_name>`.
+    part: the part of a Transformer it is in, as reports and tables name
+      it ('encoder', 'decoder', 'cross').
   """
 
   name: str
@@ -58,6 +60,7 @@ class Site:
   dispatcher: str
   role: str
   modules: tuple
+  part: str
 
   @property
   def builtin(self):
@@ -65,16 +68,20 @@ class Site:
     return getattr(trax.layers, self.trax_name)
 
 
+# The sites' names: every other module spells them through these.
+SELF_ATTENTION = 'self_attention'
+CAUSAL_ATTENTION = 'causal_attention'
+CROSS_ATTENTION = 'cross_attention'
 # fmt: off
 SITES = {site.name: site for site in (
-  Site('self_attention', 'Attention', layers.Attention, 'EncoderSelfAttention',
-       'encoder self-attention', (_TRANSFORMER, _REZERO)),
-  Site('causal_attention', 'CausalAttention', layers.CausalAttention,
+  Site(SELF_ATTENTION, 'Attention', layers.Attention, 'EncoderSelfAttention',
+       'encoder self-attention', (_TRANSFORMER, _REZERO), 'encoder'),
+  Site(CAUSAL_ATTENTION, 'CausalAttention', layers.CausalAttention,
        'DecoderSelfAttention', 'decoder causal self-attention',
-       (_TRANSFORMER, _REZERO)),
-  Site('cross_attention', 'AttentionQKV', layers.AttentionQKV,
+       (_TRANSFORMER, _REZERO), 'decoder'),
+  Site(CROSS_ATTENTION, 'AttentionQKV', layers.AttentionQKV,
        'EncoderDecoderAttention', 'encoder-decoder (cross-) attention',
-       (_TRANSFORMER, _RNN, _REZERO, _CONFIGURABLE)),
+       (_TRANSFORMER, _RNN, _REZERO, _CONFIGURABLE), 'cross'),
 )}
 # fmt: on
 # The trax.models functions with parameters whose defaults are Trax's

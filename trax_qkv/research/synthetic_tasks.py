@@ -68,7 +68,7 @@ class Setting:
       raise ValueError(f'task must be one of {TASKS}; got {self.task!r}.')
     if self.length % 2:
       raise ValueError(f'length must be even; got {self.length}.')
-    registry.resolve_attention('self_attention', self.implementation)
+    registry.resolve_attention(registry.SELF_ATTENTION, self.implementation)
 
 
 def batch(setting, rng):
@@ -114,7 +114,9 @@ def _sinusoids(positions, d_model):
 
 def site(task):
   """The attention site a task trains: causal for `copy`."""
-  return 'causal_attention' if task == 'copy' else 'self_attention'
+  if task == 'copy':
+    return registry.CAUSAL_ATTENTION
+  return registry.SELF_ATTENTION
 
 
 def visible(task, length):
@@ -137,7 +139,7 @@ def model(setting, mode='train'):
     site(setting.task), setting.implementation
   )(d, n_heads=setting.n_heads, dropout=0.0, mode=mode)
   drop_mask = tl.Select([0], n_in=2)
-  if site(setting.task) == 'causal_attention':
+  if site(setting.task) == registry.CAUSAL_ATTENTION:
     return tl.Serial(front, drop_mask, attention, tl.Dense(setting.vocab))
   return tl.Serial(front, attention, drop_mask, tl.Dense(setting.vocab))
 
@@ -269,3 +271,18 @@ def measure(net, setting, curve, n_sequences=256):
     ),
     'mutual_pairs': gram_bound.mutual_pairs(scores, keys),
   }
+
+
+def mean_attention(net, setting, n_sequences=64):
+  """(heads, L, L): each head's attention weights (softmax of its scores
+  over the keys a row sees), averaged over `n_sequences` sequences of the
+  measuring batch."""
+  inputs_setting = dataclasses.replace(setting, batch=n_sequences)
+  tokens, positions, mask, _, _ = batch(
+    inputs_setting, np.random.RandomState(20_000 + setting.seed)
+  )
+  scores = head_scores(net, setting, (tokens, positions, mask))
+  scores = np.where(visible(setting.task, setting.length), scores, -np.inf)
+  weights = np.exp(scores - scores.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  return weights.mean(0)

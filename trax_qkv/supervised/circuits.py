@@ -41,11 +41,7 @@ from trax_qkv.models import variants as registered_variants
 CORES = {'PureAttention': 'attend', 'DotProductCausalAttention': 'causal'}
 # Per site of a Transformer, the part of the model it is in, as reports
 # name them.
-PARTS = {
-  'self_attention': 'encoder',
-  'causal_attention': 'decoder',
-  'cross_attention': 'cross',
-}
+PARTS = {name: site.part for name, site in registry.SITES.items()}
 
 
 def projections_of(implementation):
@@ -71,11 +67,14 @@ def attention_blocks(model):
   for layer in registry.walk(model):
     kinds = {CORES.get(type(s).__name__) for s in layer.sublayers}
     if 'causal' in kinds:
-      found.append(('causal_attention', layer))
+      found.append((registry.CAUSAL_ATTENTION, layer))
     elif 'attend' in kinds:
-      after_causal = any(s == 'causal_attention' for s, _ in found)
+      after_causal = any(s == registry.CAUSAL_ATTENTION for s, _ in found)
       found.append(
-        ('cross_attention' if after_causal else 'self_attention', layer)
+        (
+          registry.CROSS_ATTENTION if after_causal else registry.SELF_ATTENTION,
+          layer,
+        )
       )
   return found
 

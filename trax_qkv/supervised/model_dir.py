@@ -103,7 +103,7 @@ ARCHITECTURES = {
         'max_len',
         'dropout',
       ),
-      ('cross_attention',),
+      (registry.CROSS_ATTENTION,),
       _lstm_seq2seq_attn,
       lambda settings: 1,
     ),

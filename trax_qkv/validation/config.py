@@ -104,7 +104,7 @@ class ValidationConfig:
     metavar='NAME',
   )
   sites: tuple = _field(
-    ('cross_attention',),
+    (registry.CROSS_ATTENTION,),
     'attention sites where each implementation runs; the others run '
     "Trax's own layers: "
     + ', '.join(

@@ -25,6 +25,7 @@ from trax.supervised import training
 
 from trax_qkv import data as data_lib
 from trax_qkv import files
+from trax_qkv.models import registry
 from trax_qkv.supervised import attention_maps
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
@@ -451,7 +452,9 @@ def self_attention_scores(settings, checkpoint, corpus, sentences, log=print):
   translations, with the number of sentences; None where `sentences` is
   0 or the model has no self-attention. (JAX runs eagerly there: seconds
   per sentence batch, so it is asked for, not a default.)"""
-  if not sentences or 'self_attention' not in settings[model_dir.ATTENTION]:
+  if not sentences or (
+    registry.SELF_ATTENTION not in settings[model_dir.ATTENTION]
+  ):
     return None
   n = min(sentences, len(corpus.source_ids))
   log(f'measuring the self-attention scores on {n} test sentences ...')
