@@ -37,9 +37,9 @@ VARIANTS = {
   'one_head': (None, 'one head'),
 }
 _PROJECTED = {
-  'self_attention': variants.Attention,
-  'causal_attention': variants.CausalAttention,
-  'cross_attention': variants.AttentionQKV,
+  registry.SELF_ATTENTION: variants.Attention,
+  registry.CAUSAL_ATTENTION: variants.CausalAttention,
+  registry.CROSS_ATTENTION: variants.AttentionQKV,
 }
 
 
@@ -66,12 +66,15 @@ def costs(name, d_feature, n_heads):
   """(parameters, multiply-adds per token) of variant `name`'s projections
   in one attention layer of width `d_feature` (the output Dense included;
   'reference' for Trax's three Dense). Per token means per position, in
-  self-attention, that is query, key and value at once."""
+  self-attention, that is query, key and value at once, a shared Dense
+  counted once."""
   projections, _ = VARIANTS.get(name, (None, None))
   projections = projections or P()
   dense, head = d_feature * d_feature, d_feature * d_feature // n_heads
   params = {'dense': dense + d_feature, 'head': head + d_feature // n_heads}
-  mults = {'dense': dense, 'q': dense, 'head': head}
+  # In self-attention Q, K and V are one input: a Dense shared with Q
+  # ('q') computes nothing more than Q's.
+  mults = {'dense': dense, 'head': head}
   kinds = (projections.q, projections.k, projections.v, 'dense')  # + output
   return (
     sum(params.get(kind, 0) for kind in kinds)
