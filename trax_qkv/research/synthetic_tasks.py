@@ -239,19 +239,24 @@ def head_scores(net, setting, inputs):
   return np.einsum('bhid,bhjd->bhij', q, k) / np.sqrt(q.shape[-1])
 
 
+def _measuring_scores(net, setting, n_sequences):
+  """(head_scores, target weights) on the measuring batch of
+  `n_sequences`, the same for every implementation of a seed."""
+  tokens, positions, mask, _, weights = batch(
+    dataclasses.replace(setting, batch=n_sequences),
+    np.random.RandomState(20_000 + setting.seed),
+  )
+  return head_scores(net, setting, (tokens, positions, mask)), weights
+
+
 def measure(net, setting, curve, n_sequences=256):
   """Accuracy, steps to solve (first eval at >= 0.99, None if never),
   and per head the share of scored rows whose attention peaks on the
   target, on itself, elsewhere; the bound's consequences in the scores
   (rows peaking on another key with no larger diagonal; mutual pairs)."""
-  inputs_setting = dataclasses.replace(setting, batch=n_sequences)
-  tokens, positions, mask, _, weights = batch(
-    inputs_setting, np.random.RandomState(20_000 + setting.seed)
-  )
-  scores = head_scores(net, setting, (tokens, positions, mask))
+  scores, weights = _measuring_scores(net, setting, n_sequences)
   keys = visible(setting.task, setting.length)
-  masked = np.where(keys, scores, -np.inf)
-  peak = np.argmax(masked, -1)  # (n, heads, L)
+  peak = np.argmax(np.where(keys, scores, -np.inf), -1)  # (n, heads, L)
   target = targets_of(setting.task, setting.length)
   rows = weights[0] > 0
   i = np.arange(setting.length)
@@ -277,11 +282,7 @@ def mean_attention(net, setting, n_sequences=64):
   """(heads, L, L): each head's attention weights (softmax of its scores
   over the keys a row sees), averaged over `n_sequences` sequences of the
   measuring batch."""
-  inputs_setting = dataclasses.replace(setting, batch=n_sequences)
-  tokens, positions, mask, _, _ = batch(
-    inputs_setting, np.random.RandomState(20_000 + setting.seed)
-  )
-  scores = head_scores(net, setting, (tokens, positions, mask))
+  scores, _ = _measuring_scores(net, setting, n_sequences)
   scores = np.where(visible(setting.task, setting.length), scores, -np.inf)
   weights = np.exp(scores - scores.max(-1, keepdims=True))
   weights /= weights.sum(-1, keepdims=True)
