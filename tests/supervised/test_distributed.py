@@ -134,48 +134,6 @@ def _assert_same_checkpoint(dir_a, dir_b):
 # ------------------------------------------------------------ exactly as one
 
 
-@pytest.mark.slow
-@pytest.mark.stack
-def test_two_processes_validate_as_one_process_with_two_devices(tmp_path):
-  two_processes, two_devices = tmp_path / 'processes', tmp_path / 'devices'
-  assert (
-    _trax_qkv_cli.run(
-      'validate',
-      _validate_argv(tmp_path, two_processes)[1:]
-      + [
-        '--local_processes',
-        '2',
-      ],
-    )
-    == 0
-  )
-  _two_devices(_validate_argv(tmp_path, two_devices))
-  # Every step's loss, the eval metrics, the final weights and optimizer
-  # slots of both models: bit for bit.
-  for name in ('trax', 'reference'):
-    _assert_same_checkpoint(two_processes / name, two_devices / name)
-  summaries = [
-    json.loads((run / 'summary.json').read_text())
-    for run in (two_processes, two_devices)
-  ]
-  for name in ('trax', 'reference'):
-    for key in ('final_loss', 'eval_loss', 'eval_accuracy', 'bleu', 'chrf'):
-      assert summaries[0][name][key] == summaries[1][name][key], (name, key)
-  for decodes in ('decodes_reference.txt', 'decodes_beam_trax.txt'):
-    assert (two_processes / decodes).read_text() == (
-      two_devices / decodes
-    ).read_text()
-  # The built-in and the plugin stay bit-identical across processes.
-  assert summaries[0]['max_loss_diff'] == 0.0
-  _assert_same_checkpoint(two_processes / 'trax', two_processes / 'reference')
-  step_losses = _checkpoint(two_processes / 'reference')[0]['history'][
-    '_values'
-  ]['train']['metrics/step_loss']
-  assert [step for step, _ in step_losses] == list(range(1, 31))
-  # Only the chief wrote, and one checkpoint (not one per process).
-  assert not list(two_processes.glob('**/data_counters1.pkl'))
-
-
 def _slurm_job_with_a_free_port():
   """A SLURM_JOB_ID whose coordinator port (JAX's SLURM rule: the job id
   modulo 4096, from 61440 on) is free here."""
@@ -215,26 +173,13 @@ def _start_as_slurm_job(argv, log_dir):
   ]
 
 
-@pytest.mark.slow
-@pytest.mark.stack
-def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
-  tmp_path,
-):
-  """The killed run is a SLURM job's two tasks, joined by --distributed
-  auto; its rerun is the same two processes started by hand. It must end
-  as one process with two devices ends uninterrupted (two processes
-  train as it does: the test above)."""
-  steps = 30
-  uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
-  _two_devices(_train_argv(tmp_path, uninterrupted, steps, eval_frequency=10))
-  assert checkpointing.checkpoint_step(str(uninterrupted)) == steps
-
-  argv = _train_argv(tmp_path, resumed, steps, eval_frequency=10)
-  logs = tmp_path / 'killed'
-  logs.mkdir()
-  chief, other = _start_as_slurm_job(argv, logs)
+def _kill_process_1(chief, other, run_dir, logs, min_step):
+  """Once `run_dir` holds a checkpoint of step >= min_step, SIGKILLs
+  `other`; the chief must stop on the missed heartbeat (its one error
+  line says so), not hang, keeping its last complete checkpoint, whose
+  step it returns."""
   deadline = time.time() + 600
-  while checkpointing.checkpoint_step(str(resumed)) < 10:
+  while checkpointing.checkpoint_step(str(run_dir)) < min_step:
     assert chief.poll() is None and other.poll() is None, (
       logs / 'process0.log'
     ).read_text()
@@ -242,7 +187,6 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
     time.sleep(0.05)
   other.send_signal(signal.SIGKILL)
   assert other.wait() == -signal.SIGKILL
-  # It stops on the missed heartbeat (the line says so), not on a hang.
   assert chief.wait(timeout=HEARTBEAT + 60) == 1
   errors = [
     line
@@ -253,18 +197,69 @@ def test_killed_process_stops_the_other_and_the_rerun_resumes_exactly(
   assert 'process 1 of 2' in errors[0]
   assert f'sent no heartbeat for {HEARTBEAT} s' in errors[0]
   assert 'start the same 2 processes again to resume' in errors[0]
-  # The chief kept its last complete checkpoint.
-  kept = checkpointing.checkpoint_step(str(resumed))
-  assert 10 <= kept < steps
-  checkpointing.check_checkpoint_files(str(resumed))
+  checkpointing.check_checkpoint_files(str(run_dir))
+  return checkpointing.checkpoint_step(str(run_dir))
 
-  for process in _processes(argv, 2, launcher.free_port(), logs):
-    assert process.wait(timeout=600) == 0
-  _assert_same_checkpoint(uninterrupted, resumed)
-  # One run of two processes: one chief wrote, one set of data positions.
-  assert [p.name for p in resumed.glob('data_counters*')] == [
-    'data_counters0.pkl'
+
+@pytest.mark.slow
+@pytest.mark.stack
+def test_two_processes_killed_and_rerun_validate_as_one_with_two_devices(
+  tmp_path,
+):
+  """Two processes train, decode and score as one process with two
+  devices does, and a run of two that loses a process resumes exactly.
+
+  The killed run is a SLURM job's two tasks, joined by --distributed auto;
+  when process 1 is SIGKILLed during the first model's training, the chief
+  stops on the missed heartbeat. The rerun is the same two processes,
+  started by --local_processes 2: it resumes the first model, trains the
+  second from its start, decodes and scores. Every step of both models
+  ran on two processes, so ending as the uninterrupted one-process run
+  ends shows both that two processes train as two devices and that the
+  resume is exact."""
+  steps = 30
+  two_devices, two_processes = tmp_path / 'devices', tmp_path / 'processes'
+  _two_devices(_validate_argv(tmp_path, two_devices))
+
+  argv = _validate_argv(tmp_path, two_processes)
+  logs = tmp_path / 'killed'
+  logs.mkdir()
+  chief, other = _start_as_slurm_job(argv, logs)
+  kept = _kill_process_1(chief, other, two_processes / 'trax', logs, 10)
+  assert 10 <= kept < steps
+
+  assert (
+    _trax_qkv_cli.run('validate', argv[1:] + ['--local_processes', '2']) == 0
+  )
+  # Every step's loss, the eval metrics, the final weights and optimizer
+  # slots of both models: bit for bit.
+  for name in ('trax', 'reference'):
+    _assert_same_checkpoint(two_processes / name, two_devices / name)
+  summaries = [
+    json.loads((run / 'summary.json').read_text())
+    for run in (two_processes, two_devices)
   ]
+  scores = ('final_loss', 'eval_loss', 'eval_accuracy', 'bleu', 'chrf')
+  for name in ('trax', 'reference'):
+    for key in (*scores, 'exact_match'):
+      assert summaries[0][name][key] == summaries[1][name][key], (name, key)
+  for decodes in ('decodes_reference.txt', 'decodes_beam_trax.txt'):
+    assert (two_processes / decodes).read_text() == (
+      two_devices / decodes
+    ).read_text()
+  # The built-in and the plugin stay bit-identical across processes.
+  assert summaries[0]['max_loss_diff'] == 0.0
+  _assert_same_checkpoint(two_processes / 'trax', two_processes / 'reference')
+  # The resumed model counts every step once, its training time too.
+  history = _checkpoint(two_processes / 'trax')[0]['history']['_values']
+  for metric in ('metrics/step_loss', 'metrics/step_seconds'):
+    assert [s for s, _ in history['train'][metric]] == list(range(1, steps + 1))
+  assert summaries[0]['trax']['train_seconds'] == pytest.approx(
+    sum(seconds for _, seconds in history['train']['metrics/step_seconds'])
+  )
+  # One run of two processes: one chief wrote, one set of data positions.
+  counters = {p.name for p in two_processes.glob('**/data_counters*')}
+  assert counters == {'data_counters0.pkl'}
 
 
 # ------------------------------------------------------- faults at start-up

@@ -1,13 +1,14 @@
 """Kill -9 and restart: runs resume exactly; checkpoints are never half-written.
 
-The killed runs are real subprocesses of `python3 -m _trax_qkv_cli train`
-and `... validate`, SIGKILLed once a mid-run checkpoint exists; the restart
-is the same command (in this process, to save an import of TensorFlow).
+The killed run is a real subprocess of `python3 -m _trax_qkv_cli train`,
+SIGKILLed once a mid-run checkpoint exists; the restart is the same
+command (in this process, to save an import of TensorFlow). The validate
+command's kill and resume is test_distributed's: a two-process run that
+loses a process and ends as the uninterrupted run.
 """
 
 import errno
 import itertools
-import json
 import os
 import signal
 import subprocess
@@ -20,7 +21,6 @@ from helpers import TWO_CPU_DEVICES
 from helpers import command
 from helpers import shared_data_dir
 from helpers import tiny_train_bindings
-from helpers import tiny_validate_flags
 import jax
 import numpy as np
 import pytest
@@ -37,7 +37,6 @@ DATA_PARALLEL_LOSS_RTOL = 1e-6
 DATA_PARALLEL_WEIGHTS_ATOL = 1e-5
 
 train_script = command('train')
-validate_script = command('validate')
 
 
 def _kill_at_checkpoint(argv, output_dir, min_step, log_path):
@@ -123,53 +122,6 @@ def test_train_script_killed_and_rerun_equals_uninterrupted(tmp_path):
   assert 20 <= killed_at < 60
   assert train_script.main(argv(resumed)[3:]) == 0
   _assert_same_run(str(uninterrupted), str(resumed))
-
-
-@pytest.mark.slow
-def test_validate_script_killed_and_rerun_equals_uninterrupted(tmp_path):
-  def argv(output_dir):
-    return ['-m', '_trax_qkv_cli', 'validate'] + tiny_validate_flags(
-      shared_data_dir(tmp_path),
-      output_dir,
-      60,
-      10,
-      '--implementations',
-      'reference',
-      '--beam_sentences',
-      '1',
-    )
-
-  uninterrupted, resumed = tmp_path / 'uninterrupted', tmp_path / 'resumed'
-  assert validate_script.main(argv(uninterrupted)[3:]) == 0
-  killed_at = _kill_at_checkpoint(
-    argv(resumed), str(resumed / 'reference'), 20, tmp_path / 'killed.log'
-  )
-  assert 20 <= killed_at < 60
-  assert validate_script.main(argv(resumed)[3:]) == 0
-  _assert_same_run(str(uninterrupted / 'reference'), str(resumed / 'reference'))
-  step_losses = _checkpoint(str(resumed / 'reference'))[0]['history'][
-    '_values'
-  ]['train']['metrics/step_loss']
-  assert [step for step, _ in step_losses] == list(range(1, 61))
-  # Training time adds up over the killed run and its restart: every step
-  # counted once.
-  step_seconds = _checkpoint(str(resumed / 'reference'))[0]['history'][
-    '_values'
-  ]['train']['metrics/step_seconds']
-  assert [step for step, _ in step_seconds] == list(range(1, 61))
-  summary = json.loads((resumed / 'summary.json').read_text())['reference']
-  assert summary['train_seconds'] == pytest.approx(
-    sum(seconds for _, seconds in step_seconds)
-  )
-  assert (uninterrupted / 'decodes_reference.txt').read_text() == (
-    resumed / 'decodes_reference.txt'
-  ).read_text()
-  scores = [
-    json.loads((run / 'summary.json').read_text())['reference']
-    for run in (uninterrupted, resumed)
-  ]
-  for key in ('final_loss', 'eval_loss', 'bleu', 'chrf', 'exact_match'):
-    assert scores[0][key] == scores[1][key], key
 
 
 # ------------------------------------------------- atomic checkpoint writes
