@@ -198,6 +198,43 @@ def test_lm_predict_mode_bit_for_bit_state_included(name):
     assert_trees_equal((y_builtin, s_builtin), (y_plugin, s_plugin))
 
 
+CORES = TRAX_CORES | {'PureAttention', 'DotProductCausalAttention'}
+
+
+@pytest.mark.parametrize('chosen', [{}, EVERY_SITE])
+def test_attention_sites_name_every_attention_layer_of_every_model(chosen):
+  """`registry.attention_sites`, what reads a built model's attention by
+  site: every attention core of every model, Trax's or ours, lies in one
+  layer a site built, named as the model builds it (the LSTM's one
+  AttentionQKV is its cross-attention)."""
+  for name, (build, _) in sorted(EVERY_MODEL.items()):
+    with trax_qkv.use_attention(**chosen):
+      model = build(mode='eval', dropout=0.0)
+    sites = registry.attention_sites(model)
+    cores = [
+      layer for layer in walk_layers(model) if type(layer).__name__ in CORES
+    ]
+    in_sites = [
+      layer
+      for _, site_layer in sites
+      for layer in walk_layers(site_layer)
+      if type(layer).__name__ in CORES
+    ]
+    assert cores and in_sites == cores, name
+    assert registry.site_of(sites[0][1]) == sites[0][0]
+    if name in ('Transformer', 'LSTMSeq2SeqAttn'):
+      expected = {
+        'Transformer': [
+          'self_attention',
+          'causal_attention',
+          'cross_attention',
+        ],
+        'LSTMSeq2SeqAttn': ['cross_attention'],
+      }[name]
+      assert [site for site, _ in sites] == expected, name
+  assert registry.site_of(trax.layers.Dense(2)) is None
+
+
 def _builds(name, mode='eval'):
   """The trax_qkv and Trax attention layers in a freshly built model."""
   model = MODELS[name][0](mode=mode, dropout=0.0)

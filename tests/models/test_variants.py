@@ -17,7 +17,7 @@ import trax_qkv
 from trax_qkv import kernels
 from trax_qkv.models import registry
 from trax_qkv.models import variants
-from trax_qkv.supervised import head_measures
+from trax_qkv.research import head_measures
 
 VOCAB = 20
 RNG = jax.random.PRNGKey(0)
@@ -264,7 +264,7 @@ def test_score_measures_on_hand_made_queries_and_keys():
 def test_self_attention_scores_of_a_model_as_the_mathematics_says(tmp_path):
   """Unprojected queries and keys give symmetric scores in the encoder
   and the decoder; Trax's projections do not."""
-  from trax_qkv.supervised import attention_maps
+  from trax_qkv.research import self_attention_scores
 
   src, tgt = _batch()
   lengths = ([6, 4], [5, 5])
@@ -278,7 +278,7 @@ def test_self_attention_scores_of_a_model_as_the_mathematics_says(tmp_path):
     def model_fn(mode, name=name):
       return _transformer(name, mode)
 
-    measured[name] = attention_maps.self_attention_scores(
+    measured[name] = self_attention_scores.self_attention_scores(
       model_fn, path,
       [list(s[:n]) for s, n in zip(src, lengths[0], strict=True)],
       [list(t[:n]) for t, n in zip(tgt, lengths[1], strict=True)],

@@ -10,7 +10,7 @@ from trax import shapes
 import trax_qkv
 from trax_qkv.models import registry
 from trax_qkv.models import variants as registered_variants
-from trax_qkv.supervised import circuits
+from trax_qkv.research import circuits
 
 D, HEADS, L = 8, 2, 5
 IMPLEMENTATIONS = ('reference', *registered_variants.VARIANTS)
@@ -74,8 +74,7 @@ def test_head_matrices_give_the_layers_own_output(name):
     'cross_attention': (x, y, y, mask),
   }
   for site, inputs in site_inputs.items():
-    build = registry.resolve_attention(site, name)
-    layer = build(D, n_heads=HEADS, mode='eval')
+    layer = registry.build(site, name, D, n_heads=HEADS, mode='eval')
     layer.init(shapes.signature(inputs), rng=jax.random.PRNGKey(1))
     _zero_biases(layer, rng)
     got = layer(inputs)

@@ -86,7 +86,6 @@ def test_validate_translate_attention_map_and_serve(tmp_path, capsys):
     loaded.checkpoint,
     decoding.encode_sources(loaded.vocab, [source]),
     [loaded.vocab.encode(target) + [data_lib.EOS_ID]],
-    1,
   )
   assert np.array_equal(np.asarray(maps['trax'][0], np.float32), want[0][0])
 

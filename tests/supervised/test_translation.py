@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from trax_qkv import data as data_lib
+from trax_qkv.research import head_measures
 from trax_qkv.supervised import attention_maps
 from trax_qkv.supervised import decoding
-from trax_qkv.supervised import head_measures
 from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
 from trax_qkv.supervised import scoring
@@ -315,7 +315,6 @@ def test_attention_map_holds_the_viz_mode_weights(tiny_run, tmp_path):
     loaded.checkpoint,
     source_ids,
     target_ids,
-    config.n_layers,
   )
   assert len(written['weights']) == config.n_layers
   # Cross-attention, by its shape: each target token over the source

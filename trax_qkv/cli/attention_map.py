@@ -9,7 +9,7 @@ looks at, for a sentence of your own.
 One PNG with a panel per cross-attention layer and head: source subwords on one
 axis, target subwords on the other, drawn in an installed font that has
 their glyphs, and per layer how different the heads are and how focused
-(`trax_qkv.supervised.head_measures`). Without --target the model's own
+(`trax_qkv.research.head_measures`). Without --target the model's own
 greedy translation is used. --format json writes the raw weights and the
 measures instead.
 """
@@ -80,7 +80,7 @@ def main(argv=None):
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  from trax_qkv.supervised import head_measures
+  from trax_qkv.research import head_measures
 
   measures = head_measures.measures(
     [w[None] for w in weights], [len(source_tokens)], [len(target_tokens)]

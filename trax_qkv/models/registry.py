@@ -20,6 +20,7 @@ import inspect
 import os
 import sys
 import types
+import weakref
 
 import gin
 import trax.layers
@@ -213,6 +214,34 @@ def walk(layer):
     yield from walk(sublayer)
 
 
+# Every layer a site built (`_build`), Trax's own included, and its site:
+# how code that reads a built model tells which site an attention layer
+# is, whatever the model, the implementation or the layer's structure.
+_BUILT = weakref.WeakKeyDictionary()
+
+
+def site_of(layer):
+  """The site that built `layer` (trax.models' call through a dispatcher,
+  or `build`), else None."""
+  return _BUILT.get(layer)
+
+
+def attention_sites(model):
+  """[(site, layer)] of every layer of `model` that a site built, in the
+  tree's order: for trax.models' Transformers, the order they run in (the
+  encoder's self-attention, then each decoder layer's causal and cross
+  attention)."""
+  return [(_BUILT[layer], layer) for layer in walk(model) if layer in _BUILT]
+
+
+def build(site, implementation, *args, **kwargs):
+  """The layer `site` builds with `implementation` (a name, a factory or
+  None for Trax's), from the built-in's arguments; `site_of` knows it. For
+  models of one's own, as trax.models' calls build theirs."""
+  check_site(site)
+  return _build(site, implementation, None, args, kwargs)
+
+
 @contextlib.contextmanager
 def use_attention(**implementations):
   """Within the block, this thread (and asyncio task) builds trax.models'
@@ -307,6 +336,7 @@ def _build(site, implementation, builtin, args, kwargs):
   for part in walk(layer):
     if part._caller['filename'].startswith(_PACKAGE_DIR + os.sep):
       part._caller = dict(model_line)
+  _BUILT[layer] = site
   return layer
 
 

@@ -1,3 +1,17 @@
-"""Why AttentionQKV has three Dense layers: the mathematics of symmetric
-scores (gram_bound) and the small tasks that test it (synthetic_tasks).
-docs/why_three_dense.md reads their results."""
+"""What trained and synthetic models say about attention: where answers
+about attention, rather than models that use it, are computed.
+
+gram_bound         the mathematics of symmetric scores (proven bounds)
+synthetic_tasks    small tasks where the bound bites; synthetic_runs runs
+                   them resumably and writes their table
+head_measures      entropy, Jensen-Shannon divergence and argmax agreement
+                   of attention weights; a position's weight on itself
+circuits           the QK and OV circuits of each head, head importance
+self_attention_scores
+                   the scores a trained Transformer's self-attention
+                   computes, per site
+figures            the pictures docs/why_three_dense.md shows
+
+Nothing in the core (kernels, layers, models) or the pipeline (data,
+supervised) imports it; validation's reports and the commands do.
+"""

@@ -54,29 +54,27 @@ def projections_of(implementation):
 
 
 def attention_blocks(model):
-  """[(site, block)] of a Transformer's attention layers in tree order.
+  """[(site, block)] of the attention layers of `model` that a site built
+  (`registry.attention_sites`), in tree order.
 
-  A block is the layer whose sublayers hold the attention core
-  (PureAttention or DotProductCausalAttention), the input projections
-  before it and the output Dense after it: Trax's `AttentionQKV` and
-  `CausalAttention`, 'reference' and the variants alike. The encoder's
-  self-attention comes first; then each decoder layer's causal
-  self-attention and its cross-attention.
+  A block is the layer, within the site's layer, whose sublayers hold the
+  attention core (PureAttention or DotProductCausalAttention), the input
+  projections before it and the output Dense after it: Trax's
+  `AttentionQKV` and `CausalAttention`, 'reference' and the variants
+  alike.
   """
-  found = []
-  for layer in registry.walk(model):
-    kinds = {CORES.get(type(s).__name__) for s in layer.sublayers}
-    if 'causal' in kinds:
-      found.append((registry.CAUSAL_ATTENTION, layer))
-    elif 'attend' in kinds:
-      after_causal = any(s == registry.CAUSAL_ATTENTION for s, _ in found)
-      found.append(
-        (
-          registry.CROSS_ATTENTION if after_causal else registry.SELF_ATTENTION,
-          layer,
-        )
-      )
-  return found
+  return [
+    (site, _block(layer)) for site, layer in registry.attention_sites(model)
+  ]
+
+
+def _block(layer):
+  for sub in registry.walk(layer):
+    if any(type(s).__name__ in CORES for s in sub.sublayers):
+      return sub
+  raise ValueError(
+    f'{layer.name}: no attention core ({", ".join(CORES)}) in it.'
+  )
 
 
 def leaves(layer):

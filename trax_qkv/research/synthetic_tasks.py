@@ -37,8 +37,8 @@ from trax import layers as tl
 from trax import shapes
 
 from trax_qkv.models import registry
+from trax_qkv.research import circuits
 from trax_qkv.research import gram_bound
-from trax_qkv.supervised import circuits
 
 TASKS = ('swap', 'previous', 'previous_offset', 'copy')
 MAX_OFFSET = 64
@@ -135,9 +135,14 @@ def model(setting, mode='train'):
     tl.Fn('AddPositions', lambda x, p: x + _sinusoids(p, d)),
     [tl.LayerNorm()] if setting.layer_norm else [],
   )
-  attention = registry.resolve_attention(
-    site(setting.task), setting.implementation
-  )(d, n_heads=setting.n_heads, dropout=0.0, mode=mode)
+  attention = registry.build(
+    site(setting.task),
+    setting.implementation,
+    d,
+    n_heads=setting.n_heads,
+    dropout=0.0,
+    mode=mode,
+  )
   drop_mask = tl.Select([0], n_in=2)
   if site(setting.task) == registry.CAUSAL_ATTENTION:
     return tl.Serial(front, drop_mask, attention, tl.Dense(setting.vocab))

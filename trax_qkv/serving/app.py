@@ -29,7 +29,6 @@ from aiohttp import web
 
 from trax_qkv.data import EOS_ID
 from trax_qkv.supervised import attention_maps
-from trax_qkv.supervised import model_dir
 
 logger = logging.getLogger('trax_qkv.serving')
 
@@ -254,7 +253,6 @@ class Routes:
       self._reader = attention_maps.CrossAttentionReader(
         translator.model_fn,
         translator.model.checkpoint,
-        model_dir.cross_attention_layers(translator.model.settings),
         translator.model.settings['max_len'],
       )
     return self._reader

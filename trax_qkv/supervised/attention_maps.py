@@ -5,14 +5,10 @@ attention weights that each cross-attention layer's PureAttention keeps
 as its state there (the built-in's does the same).
 """
 
-import contextlib
-import dataclasses
-
 import jax
 import numpy as np
 from trax import shapes
 
-from trax_qkv import kernels
 from trax_qkv.data import EOS_ID
 from trax_qkv.models import registry
 from trax_qkv.supervised import decoding
@@ -29,17 +25,22 @@ class CrossAttentionReader:
   (and programs) serve all sentences. A sentence of a shape seen before
   costs one forward pass, not a re-initialization (docs/serving.md).
 
-  A Transformer's encoder self-attention also contains a PureAttention
-  and comes first in the layer tree; decoder causal attention does not,
-  so the last `n_layers` (`model_dir.cross_attention_layers`) are the
-  cross-attention ones.
+  The cross-attention layers are those the model's cross-attention site
+  built (`registry.attention_sites`); each holds one PureAttention.
   """
 
-  def __init__(self, model_fn, weights_file, n_layers, max_len=None):
+  def __init__(self, model_fn, weights_file, max_len=None):
     """`max_len`: the model's longest input (settings['max_len']), the
     most a bucket pads to."""
     self._model = model_fn(mode='viz')
-    self._weights_file, self._n_layers = weights_file, n_layers
+    self._weights_file = weights_file
+    self._cores = [
+      core
+      for site, layer in registry.attention_sites(self._model)
+      if site == registry.CROSS_ATTENTION
+      for core in registry.walk(layer)
+      if type(core).__name__ == 'PureAttention'
+    ]
     self._max_len = max_len
     self._weights = None
     self._states = {}  # input shapes -> the state `init` makes for them
@@ -79,106 +80,16 @@ class CrossAttentionReader:
       self._states[key] = model.state
     # The viz-mode state after the pass holds each PureAttention's weights.
     model.state = self._forward((src, tgt), self._weights, self._states[key])
-    found = [
-      np.asarray(layer.state)
-      for layer in registry.walk(model)
-      if type(layer).__name__ == 'PureAttention'
-    ]
-    return [w[..., :n_tgt, :n_src] for w in found[-self._n_layers :]]
+    return [np.asarray(core.state)[..., :n_tgt, :n_src] for core in self._cores]
 
 
 def cross_attention_weights(
-  model_fn, weights_file, source_ids, target_ids, n_layers, max_len=None
+  model_fn, weights_file, source_ids, target_ids, max_len=None
 ):
   """Per cross-attention layer, (batch, heads, Lq, Lk) weights
   (`CrossAttentionReader`, read once)."""
-  reader = CrossAttentionReader(model_fn, weights_file, n_layers, max_len)
+  reader = CrossAttentionReader(model_fn, weights_file, max_len)
   return reader(source_ids, target_ids)
-
-
-@contextlib.contextmanager
-def captured_queries_and_keys():
-  """Within the block, JAX runs eagerly and every attention that runs
-  trax_qkv's 'reference' kernel (its layers' default, the variants') adds
-  (kind, q, k) to the list it yields, in the order the model calls them:
-  'attend' with (batch, heads, L, d_head) queries and keys, or 'causal'
-  (causal self-attention) with (batch * heads, L, d_head) ones."""
-  original = kernels.KERNELS[kernels.REFERENCE]
-  calls = []
-
-  def heads(x, n_heads):
-    b, length, d = x.shape
-    return (
-      np.asarray(x).reshape(b, length, n_heads, d // n_heads).swapaxes(1, 2)
-    )
-
-  def attend(q, k, v, mask, n_heads, **dropout):
-    calls.append(('attend', heads(q, n_heads), heads(k, n_heads)))
-    return original.attend(q, k, v, mask, n_heads, **dropout)
-
-  def causal(q, k, v, **dropout):
-    calls.append(('causal', np.asarray(q), np.asarray(k)))
-    return original.causal(q, k, v, **dropout)
-
-  kernels.KERNELS[kernels.REFERENCE] = dataclasses.replace(
-    original, attend=attend, causal=causal
-  )
-  try:
-    with jax.disable_jit():
-      yield calls
-  finally:
-    kernels.KERNELS[kernels.REFERENCE] = original
-
-
-def self_attention_scores(model_fn, weights_file, source_ids, target_ids):
-  """`head_measures.score_measures` of a Transformer's encoder and decoder
-  self-attention layers, teacher-forcing `target_ids`: {'encoder': ...,
-  'decoder': ...}, each a dict of per-layer lists. `model_fn` must build
-  every self-attention site with the 'reference' kernel (as
-  `model_dir.model_fn(settings, measured_attention(settings))` does)."""
-  from trax_qkv.supervised import head_measures
-
-  src = decoding.pad_rows(source_ids, max(map(len, source_ids)))
-  tgt = decoding.pad_rows(target_ids, max(map(len, target_ids)))
-  model = model_fn(mode='eval')
-  model.init_from_file(
-    weights_file,
-    weights_only=True,
-    input_signature=shapes.signature((src, tgt)),
-  )
-  with captured_queries_and_keys() as calls:
-    model((src, tgt))
-  causal = [(q, k) for kind, q, k in calls if kind == 'causal']
-  # The encoder's layers run first; then each decoder layer's causal
-  # self-attention and cross-attention.
-  encoder = [(q, k) for kind, q, k in calls if kind == 'attend']
-  encoder = encoder[: len(encoder) - len(causal)]
-  # The causal kernel gets (batch * heads, L, d_head): split the batch.
-  decoder = [
-    tuple(x.reshape(len(src), -1, *x.shape[1:]) for x in qk) for qk in causal
-  ]
-  result = {}
-  for part, layers, lengths, is_causal in (
-    ('encoder', encoder, [len(s) for s in source_ids], False),
-    ('decoder', decoder, [len(t) for t in target_ids], True),
-  ):
-    measured = [
-      head_measures.score_measures(q, k, lengths, is_causal) for q, k in layers
-    ]
-    result[part] = {key: [m[key] for m in measured] for key in measured[0]}
-  return result
-
-
-def measured_attention(settings):
-  """{site: implementation} that measures the model of `settings` with the
-  'reference' kernel where it ran a kernel or Trax's layer (the same
-  weights and math; a variant stays itself)."""
-  return {
-    site: 'reference'
-    if name == registry.BUILTIN or name in kernels.names()
-    else name
-    for site, name in settings[model_dir_lib.ATTENTION].items()
-  }
 
 
 def token_pieces(vocab, ids):
@@ -218,10 +129,7 @@ def for_sentence(model_dir, source, target=None, attention=None):
   else:
     target_ids = encode_target(model.vocab, target, model.settings)
   reader = CrossAttentionReader(
-    model_fn,
-    model.checkpoint,
-    model_dir_lib.cross_attention_layers(model.settings),
-    model.settings['max_len'],
+    model_fn, model.checkpoint, model.settings['max_len']
   )
   return one_map(reader, model.vocab, source_ids, target_ids) + (target,)
 

@@ -38,15 +38,12 @@ class Architecture:
     sites: the attention sites it builds (`registry.SITES`).
     build: (settings, mode) -> the Trax model, every argument explicit so
       that no gin binding changes the model a directory describes.
-    cross_attention_layers: settings -> how many cross-attention layers it
-      has (the last ones in its layer tree).
   """
 
   name: str
   settings: tuple
   sites: tuple
   build: object
-  cross_attention_layers: object
 
 
 def _transformer(settings, mode):
@@ -89,7 +86,6 @@ ARCHITECTURES = {
       ),
       tuple(registry.SITES),
       _transformer,
-      lambda settings: settings['n_decoder_layers'],
     ),
     # LSTM encoder and decoder joined by one AttentionQKV; dropout is the
     # attention's, max_len only bounds decoding (no positional encoding).
@@ -105,7 +101,6 @@ ARCHITECTURES = {
       ),
       (registry.CROSS_ATTENTION,),
       _lstm_seq2seq_attn,
-      lambda settings: 1,
     ),
   )
 }
@@ -119,11 +114,6 @@ class ModelDirError(ValueError):
 def architecture(settings):
   """The `Architecture` of model.json's `settings`."""
   return ARCHITECTURES[settings.get(MODEL, TRANSFORMER.name)]
-
-
-def cross_attention_layers(settings):
-  """How many cross-attention layers the model of `settings` has."""
-  return architecture(settings).cross_attention_layers(settings)
 
 
 def model_fn(settings, attention=None):

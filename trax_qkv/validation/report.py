@@ -210,7 +210,7 @@ SCORE_ROWS = (
 
 def score_rows(columns):
   """Table rows of the self-attention score measures per layer
-  (`attention_maps.self_attention_scores`), a cell per (summary, model
+  (`research.self_attention_scores`), a cell per (summary, model
   name) of `columns`; [] where no model has them (older runs, the LSTM)."""
   scores = [s[name].get('self_attention_scores') for s, name in columns]
   if not any(scores):
@@ -335,7 +335,7 @@ def render_report(summary, labels):
     '![loss curves](loss_curves.png)',
     '',
     'Cross-attention per head: `cross_attention_*.png`; the head '
-    'measures are defined in `trax_qkv.supervised.head_measures`.',
+    'measures are defined in `trax_qkv.research.head_measures`.',
     '',
   ]
   return '\n'.join(lines)

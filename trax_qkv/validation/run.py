@@ -26,11 +26,12 @@ from trax.supervised import training
 from trax_qkv import data as data_lib
 from trax_qkv import files
 from trax_qkv.models import registry
+from trax_qkv.research import head_measures
+from trax_qkv.research import self_attention_scores as self_attention_scores_lib
 from trax_qkv.supervised import attention_maps
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
 from trax_qkv.supervised import distributed
-from trax_qkv.supervised import head_measures
 from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
 from trax_qkv.supervised import scoring
@@ -376,10 +377,7 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
   beam = beam_search_scores(config, model_fn, checkpoint, corpus, log)
   # One viz-mode model for the head measures and the maps.
   reader = attention_maps.CrossAttentionReader(
-    model_fn,
-    checkpoint,
-    model_dir.cross_attention_layers(settings),
-    settings['max_len'],
+    model_fn, checkpoint, settings['max_len']
   )
   results = dict(
     scoring.scores(hypotheses, corpus.references, config.bleu_tokenize),
@@ -446,7 +444,7 @@ def cross_attention_heads(reader, corpus, log=print):
 
 
 def self_attention_scores(settings, checkpoint, corpus, sentences, log=print):
-  """`attention_maps.self_attention_scores` (a position's weight on itself,
+  """`research.self_attention_scores` (a position's weight on itself,
   the scores' asymmetry) of a Transformer's encoder and decoder over the
   first `sentences` test sentences, teacher-forcing their reference
   translations, with the number of sentences; None where `sentences` is
@@ -459,10 +457,10 @@ def self_attention_scores(settings, checkpoint, corpus, sentences, log=print):
   n = min(sentences, len(corpus.source_ids))
   log(f'measuring the self-attention scores on {n} test sentences ...')
   measured = model_dir.model_fn(
-    settings, attention_maps.measured_attention(settings)
+    settings, self_attention_scores_lib.measured_attention(settings)
   )
   return dict(
-    attention_maps.self_attention_scores(
+    self_attention_scores_lib.self_attention_scores(
       measured, checkpoint, corpus.source_ids[:n],
       _targets(corpus, corpus.references, n),
     ),

@@ -1,5 +1,5 @@
 """What the trained weights of a validation run's models say:
-`trax_qkv.supervised.circuits` of each model, written to circuits.json
+`trax_qkv.research.circuits` of each model, written to circuits.json
 beside its summary.json, for `trax-qkv-compare --seeds` to show.
 """
 
@@ -10,8 +10,8 @@ from trax import shapes
 
 from trax_qkv import data as data_lib
 from trax_qkv import files
-from trax_qkv.supervised import attention_maps
-from trax_qkv.supervised import circuits
+from trax_qkv.research import circuits
+from trax_qkv.research import self_attention_scores
 from trax_qkv.supervised import model_dir
 from trax_qkv.validation import config as config_lib
 
@@ -76,7 +76,7 @@ def measure(run_dir, log=print):
   for name, found in models.items():
     log(f'{name}: reading the circuits, masking each head ...')
     settings = found.settings
-    measured = attention_maps.measured_attention(settings)
+    measured = self_attention_scores.measured_attention(settings)
     attention = {site: measured[site] for site in config['sites']}
     n_heads = settings['n_heads']
     build = model_dir.model_fn(settings, measured)
