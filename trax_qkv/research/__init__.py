@@ -10,7 +10,9 @@ circuits           the QK and OV circuits of each head, head importance
 self_attention_scores
                    the scores a trained Transformer's self-attention
                    computes, per site
-figures            the pictures docs/why_three_dense.md shows
+statistics         paired t intervals, Holm, TOST: the pre-registered rule
+figures            matplotlib figures; why_figures draws the page's from
+                   its committed runs
 
 Nothing in the core (kernels, layers, models) or the pipeline (data,
 supervised) imports it; validation's reports and the commands do.

@@ -27,3 +27,59 @@ def attention_grid(panels, title=None):
     fig.suptitle(title)
   fig.tight_layout()
   return fig
+
+
+def forest(rows, margin=None, title=None, xlabel='difference from reference'):
+  """A forest plot: per row, a paired difference and its interval.
+
+  Args:
+    rows: [(label, mean, low, high)], drawn top to bottom.
+    margin: where given, the equivalence band (-margin, +margin) shaded.
+    title, xlabel: the figure's.
+  """
+  fig = figure.Figure(figsize=(6.4, 0.35 * len(rows) + 1.4))
+  ax = fig.subplots()
+  ys = list(range(len(rows)))[::-1]
+  if margin:
+    ax.axvspan(-margin, margin, color='0.88', label=f'±{margin} margin')
+  ax.axvline(0, color='0.4', linewidth=0.8)
+  for y, (_, mean, low, high) in zip(ys, rows):
+    ax.plot([low, high], [y, y], color='C0', linewidth=1.5)
+    ax.plot([mean], [y], 'o', color='C0', markersize=4)
+  ax.set_yticks(ys)
+  ax.set_yticklabels([label for label, *_ in rows], fontsize=8)
+  ax.set_xlabel(xlabel)
+  if margin:
+    ax.legend(
+      loc='lower left', bbox_to_anchor=(0, 1), fontsize=8, frameon=False
+    )
+  if title:
+    fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  return fig
+
+
+def learning_curves(panels, title=None, ylabel='accuracy'):
+  """One panel per entry of `panels` ({panel title: curves}); in each,
+  one line per model, its mean over seeds, the band their range. Curves
+  map a label to per-seed lists of (step, value), the same steps in
+  every seed."""
+  fig = figure.Figure(figsize=(4.2 * len(panels), 3.4))
+  axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+  for ax, (panel, curves) in zip(axes, panels.items()):
+    for i, (label, seeds) in enumerate(curves.items()):
+      steps = [s for s, _ in seeds[0]]
+      values = [[v for _, v in seed] for seed in seeds]
+      low = [min(v) for v in zip(*values)]
+      high = [max(v) for v in zip(*values)]
+      mean = [sum(v) / len(v) for v in zip(*values)]
+      ax.fill_between(steps, low, high, color=f'C{i}', alpha=0.2, linewidth=0)
+      ax.plot(steps, mean, color=f'C{i}', label=label, linewidth=1.2)
+    ax.set_title(panel, fontsize=9)
+    ax.set_xlabel('step')
+  axes[0].set_ylabel(ylabel)
+  axes[-1].legend(fontsize=7, frameon=False, loc='center right')
+  if title:
+    fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  return fig

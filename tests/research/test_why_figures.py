@@ -1,0 +1,37 @@
+"""The page's figures are its committed runs': regenerated here, the
+numbers they draw equal the committed figures.json."""
+
+import json
+import os
+
+from helpers import ROOT
+import pytest
+
+from trax_qkv.research import why_figures
+
+RUNS = os.path.join(ROOT, 'docs', 'runs', 'why_three_dense')
+IMAGES = os.path.join(ROOT, 'docs', 'images', 'why_three_dense')
+
+
+def test_figures_are_drawn_from_the_committed_runs(tmp_path):
+  assert why_figures.main(['--runs', RUNS, '--output_dir', str(tmp_path)]) == 0
+  with open(os.path.join(IMAGES, why_figures.NUMBERS), encoding='utf-8') as f:
+    committed = json.load(f)
+  assert json.loads((tmp_path / why_figures.NUMBERS).read_text()) == committed
+  for name in ('forest_self.png', 'forest_cross.png', 'synthetic_swap.png'):
+    assert (tmp_path / name).stat().st_size > 10_000
+    assert os.path.exists(os.path.join(IMAGES, name))
+  # The forest plot's rows are the paired differences of the page's
+  # table: one_head's self-attention eval loss, +0.18 [+0.08, +0.27].
+  one_head = dict((r[0], r[1:]) for r in committed['forest_self'])['one_head']
+  assert [round(x, 2) for x in one_head] == [0.18, 0.08, 0.27]
+  # Every seed of each model drawn, 5 in the synthetic experiment.
+  for curves in committed['synthetic_swap'].values():
+    assert curves and all(len(seeds) == 5 for seeds in curves.values())
+
+
+def test_a_missing_runs_directory_is_refused(tmp_path, capsys):
+  with pytest.raises(SystemExit):
+    why_figures.main(['--runs', str(tmp_path / 'none'), '--output_dir', 'x'])
+  assert '--runs must be a directory of runs' in capsys.readouterr().err
+  assert not os.path.exists('x')

@@ -1,0 +1,129 @@
+"""The figures of docs/why_three_dense.md, from its committed runs.
+
+  python3 -m trax_qkv.research.why_figures \
+      --runs docs/runs/why_three_dense --output_dir docs/images/why_three_dense
+
+Reads the seeded runs' summary.json (self/seed*, cross/seed*) and the
+synthetic experiment's results.json, draws each figure and writes the
+numbers it drew to figures.json beside them, so that a test can tell
+whether the committed figures are the committed runs'.
+"""
+
+import argparse
+import glob
+import json
+import os
+
+from trax_qkv import files
+from trax_qkv.research import figures
+from trax_qkv.research import statistics
+from trax_qkv.research import synthetic_runs
+
+BASELINE = 'reference'
+# The primary measure of the pre-registered comparison, and its margin.
+MEASURE = 'eval_loss'
+MARGIN = 0.05
+NUMBERS = 'figures.json'
+# The synthetic task where the bound bites, and the models drawn.
+SYNTHETIC_TASK = 'swap'
+SYNTHETIC_MODELS = (
+  'reference',
+  'shared_query_key',
+  'no_projection',
+  'raw_values',
+)
+
+
+def seeded_differences(run_dirs, measure=MEASURE):
+  """[(variant, mean, low, high)]: each variant's paired difference from
+  the baseline in `measure` across the seeds of `run_dirs`."""
+  summaries = []
+  for run_dir in run_dirs:
+    with open(os.path.join(run_dir, 'summary.json'), encoding='utf-8') as f:
+      summaries.append(json.load(f))
+  names = [
+    k
+    for k, v in summaries[0].items()
+    if isinstance(v, dict) and measure in v and k != BASELINE
+  ]
+  return [
+    (
+      name,
+      *statistics.interval(
+        [s[name][measure] - s[BASELINE][measure] for s in summaries]
+      ),
+    )
+    for name in names
+  ]
+
+
+def synthetic_curves(results, task=SYNTHETIC_TASK, models=SYNTHETIC_MODELS):
+  """{inputs: {model: per-seed accuracy curves}} of one task, for the
+  inputs without and with a LayerNorm; models without runs left out."""
+  panels = {}
+  for front, inputs in (('raw', 'embeddings'), ('layer_norm', 'LayerNorm')):
+    panels[inputs] = {}
+    for model in models:
+      prefix = f'{task}/{front}/{model}/'
+      seeds = [
+        r['curve'] for k, r in sorted(results.items()) if k.startswith(prefix)
+      ]
+      if seeds:
+        panels[inputs][model] = seeds
+  return panels
+
+
+def draw(runs_dir, output_dir):
+  """Draws every figure into output_dir; returns the numbers drawn."""
+  numbers = {}
+  for experiment in ('self', 'cross'):
+    run_dirs = sorted(
+      glob.glob(os.path.join(runs_dir, experiment, 'seed*', 'summary.json'))
+    )
+    run_dirs = [os.path.dirname(p) for p in run_dirs]
+    rows = seeded_differences(run_dirs)
+    with open(os.path.join(run_dirs[0], 'summary.json'), encoding='utf-8') as f:
+      steps = json.load(f)['steps']
+    numbers[f'forest_{experiment}'] = rows
+    fig = figures.forest(
+      rows,
+      MARGIN,
+      f'{experiment}-attention varied: eval loss, variant − reference\n'
+      f'{len(run_dirs)} seeds, {steps:,} steps; 95 % t intervals, uncorrected',
+      'eval loss difference (nats)',
+    )
+    fig.savefig(os.path.join(output_dir, f'forest_{experiment}.png'), dpi=110)
+  with open(
+    os.path.join(runs_dir, 'synthetic', synthetic_runs.RESULTS),
+    encoding='utf-8',
+  ) as f:
+    results = json.load(f)['runs']
+  curves = synthetic_curves(results)
+  numbers['synthetic_swap'] = curves
+  fig = figures.learning_curves(
+    curves,
+    f'"{SYNTHETIC_TASK}" (each of a pair reads the other): accuracy, '
+    'mean and range over seeds',
+  )
+  fig.savefig(os.path.join(output_dir, 'synthetic_swap.png'), dpi=110)
+  return numbers
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+    prog='python3 -m trax_qkv.research.why_figures', description=__doc__
+  )
+  parser.add_argument('--runs', required=True, help='docs/runs/why_three_dense')
+  parser.add_argument('--output_dir', required=True)
+  args = parser.parse_args(argv)
+  if not os.path.isdir(args.runs):
+    parser.error(f'--runs must be a directory of runs; got {args.runs!r}')
+  os.makedirs(args.output_dir, exist_ok=True)
+  numbers = draw(args.runs, args.output_dir)
+  files.write_json(os.path.join(args.output_dir, NUMBERS), numbers)
+  print(f'written to {args.output_dir}')
+  return 0
+
+
+if __name__ == '__main__':
+  raise SystemExit(main())
