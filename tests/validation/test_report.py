@@ -250,8 +250,13 @@ def test_seeds_table_gives_the_measures_mean_over_seeds(tmp_path):
   assert rows[scores.format('weight on itself')] == ['n/a', '0.20 |']
   assert rows[scores.format('argmax agreement between heads')][1] == '- |'
   # No cell or title holds a '|' of its own: every row has a cell a model.
-  for line in compare.render_seeds(runs).splitlines()[2:]:
+  _, table, holm = compare.render_seeds(runs).split('\n\n')
+  for line in table.splitlines():
     assert line.count('|') == 4, line
+  # Under the table, Holm's correction: the models are alike in every
+  # seed, so no paired difference is significant.
+  assert holm.startswith("Holm's correction over the ")
+  assert holm.endswith('none significant; smallest adjusted p 1.000.\n')
   # Without circuits.json in every run: no circuit rows.
   (tmp_path / 'seed1' / 'circuits.json').unlink()
   assert 'circuit' not in compare.render_seeds(runs)
@@ -335,3 +340,13 @@ def test_why_three_dense_tables_are_the_commands_output(tmp_path):
     seeds = os.path.join(os.path.dirname(run_dirs[0]), compare.SEEDS_TABLE)
     with open(seeds, encoding='utf-8') as f:
       assert f.read() == '# Seeds\n\n' + table
+
+
+def test_holm_line_names_what_survives_the_correction():
+  from trax_qkv.validation import compare
+
+  line = compare.holm_line(
+    {('a', 'eval loss'): 0.001, ('b', 'eval loss'): 0.5}, 'reference'
+  )
+  assert '`a` eval loss (adjusted p 0.002); smallest adjusted p 0.002.' in line
+  assert '`b`' not in line and 'the 2 paired t tests' in line

@@ -18,8 +18,9 @@ maps_<i>.png (run i's models, a row per model and layer, a column per
 head, each model teacher-forced with its own greedy translation of the
 i-th source). `--seeds` writes seeds.md: each score's mean ± sd over the
 seeds, its paired difference from 'reference' with a 95 % interval across
-seeds (* where it excludes 0), BLEU and chrF also by paired bootstrap of
-the test sentences.
+seeds (* where it excludes 0, each on its own), BLEU and chrF also by
+paired bootstrap of the test sentences, and under the table Holm's
+correction over all its paired t tests.
 """
 
 import sys

@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 from trax_qkv import files
+from trax_qkv.research import statistics
 from trax_qkv.validation import report
 
 TABLE = 'comparison.md'
@@ -106,17 +107,29 @@ SEED_ROWS = (
 
 def across_seeds(values):
   """(mean, low, high): the mean of one value per seed and its 95 %
-  t-interval (Student's t, n - 1 degrees of freedom); None bounds for
-  fewer than two seeds."""
-  from scipy import stats
-
+  t-interval (`statistics.interval`); None bounds for fewer than two
+  seeds."""
   values = np.asarray(values, np.float64)
-  mean = float(values.mean())
   if len(values) < 2:
-    return mean, None, None
-  half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1)
-  half /= np.sqrt(len(values))
-  return mean, float(mean - half), float(mean + half)
+    return float(values.mean()), None, None
+  return statistics.interval(values)
+
+
+def holm_line(p_values, baseline):
+  """The sentence under a seeds table: Holm's correction over its paired
+  t tests, {(model, label): p}."""
+  reject, adjusted = statistics.holm(list(p_values.values()))
+  found = [
+    f'`{name}` {label} (adjusted p {p:.3f})'
+    for (name, label), r, p in zip(p_values, reject, adjusted)
+    if r
+  ]
+  return (
+    f"Holm's correction over the {len(p_values)} paired t tests of the "
+    f'rows "difference from `{baseline}`" across seeds (family-wise 5 %): '
+    + (', '.join(found) if found else 'none significant')
+    + f'; smallest adjusted p {min(adjusted):.3f}.'
+  )
 
 
 def interval(fmt, mean, low, high):
@@ -151,7 +164,8 @@ def check_seeds(runs):
 def render_seeds(runs, references=None, baseline='reference'):
   """The seeds of one experiment in one table: per model, each score's
   mean ± sd over seeds, and its paired difference from `baseline` with a
-  95 % interval across seeds (* where it excludes 0); with `references`
+  95 % interval across seeds (* where it excludes 0, each test on its
+  own; Holm's correction over all of them under the table); with `references`
   (the test set's), BLEU and chrF also by paired bootstrap of the test
   sentences (`scoring.paired_bootstrap`, the seeds' mean difference).
 
@@ -179,10 +193,17 @@ def render_seeds(runs, references=None, baseline='reference'):
     '| | ' + ' | '.join(f'`{n}`' for n in names) + ' |',
     '|---|' + '---|' * len(names),
   ]
+  p_values = {}
   for label, key, fmt in SEED_ROWS:
     values = {n: [s[n].get(key) for s in summaries] for n in names}
     if any(v is None for vs in values.values() for v in vs):
       continue
+    if len(runs) > 1:
+      for n in names:
+        if n != baseline:
+          p_values[n, label] = statistics.p_value(
+            np.subtract(values[n], values[baseline])
+          )
     lines.append(
       f'| {label}, mean ± sd | '
       + ' | '.join(_mean_sd(fmt, v) for v in values.values())
@@ -244,6 +265,8 @@ def render_seeds(runs, references=None, baseline='reference'):
   lines += report.head_rows(mean, names)
   lines += report.score_rows([(mean, n) for n in names])
   lines += circuit_rows([run_dir for run_dir, _, _ in runs], names)
+  if p_values:
+    lines += ['', holm_line(p_values, baseline)]
   return '\n'.join(lines) + '\n'
 
 
