@@ -192,6 +192,29 @@ def test_seeds_table_gives_intervals_and_marks_only_those_excluding_zero(
   assert compare.page_tables(page) == [(['seed0', 'seed1', 'seed2'], table)]
 
 
+def _write_weight_measures(run_dir, seed):
+  """circuits.json and initial_scores.json of a fake seed, both models
+  alike, the values moving with the seed."""
+  measures = dict.fromkeys(
+    ('qk_asymmetry', 'qk_trace', 'qk_rank', 'ov_trace', 'ov_rank'),
+    [0.1 * seed, 1.0],
+  )
+  model = dict(
+    circuits={'encoder': measures},
+    initial_circuits={'encoder': dict(measures, qk_trace=[0.5, -0.5])},
+    importance={'loss': 2.0, 'encoder': [[0.0, 0.3 * seed], [0.1, 0.1]]},
+  )
+  circuits = dict(validation_pairs=7, reference=model, other=model)
+  (run_dir / 'circuits.json').write_text(json.dumps(circuits))
+  at_init = dict(
+    diagonal=[0.1 * seed], asymmetry=[0.0], entropy=[1.0], agreement=[0.5]
+  )
+  both = dict(encoder=at_init, decoder=at_init)
+  (run_dir / 'initial_scores.json').write_text(
+    json.dumps(dict(sentences=3, reference=both, other=both))
+  )
+
+
 def test_seeds_table_gives_the_measures_mean_over_seeds(tmp_path):
   from trax_qkv.validation import compare
 
@@ -200,19 +223,7 @@ def test_seeds_table_gives_the_measures_mean_over_seeds(tmp_path):
   runs = []
   for seed in range(3):
     run_dir = _seed_run(tmp_path, seed, dict(reference=1.0, other=1.0), decodes)
-    measures = dict.fromkeys(
-      ('qk_asymmetry', 'qk_trace', 'qk_rank', 'ov_trace', 'ov_rank'),
-      [0.1 * seed, 1.0],
-    )
-    model = dict(
-      circuits={'encoder': measures},
-      initial_circuits={'encoder': dict(measures, qk_trace=[0.5, -0.5])},
-      importance={'loss': 2.0, 'encoder': [[0.0, 0.3 * seed], [0.1, 0.1]]},
-    )
-    circuits = dict(validation_pairs=7, reference=model, other=model)
-    (tmp_path / f'seed{seed}' / 'circuits.json').write_text(
-      json.dumps(circuits)
-    )
+    _write_weight_measures(tmp_path / f'seed{seed}', seed)
     runs.append((run_dir, *compare.load_run(run_dir)))
     summary = runs[-1][1]
     summary['reference']['cross_attention_heads'] = dict(
@@ -249,6 +260,9 @@ def test_seeds_table_gives_the_measures_mean_over_seeds(tmp_path):
   scores = '| decoder self-attention, {} (per layer, 3 test sentences)'
   assert rows[scores.format('weight on itself')] == ['n/a', '0.20 |']
   assert rows[scores.format('argmax agreement between heads')][1] == '- |'
+  assert rows[scores.format('weight on itself, initialized')] == [
+    '0.10', '0.10 |'
+  ]  # fmt: skip
   # No cell or title holds a '|' of its own: every row has a cell a model.
   _, table, holm = compare.render_seeds(runs).split('\n\n')
   for line in table.splitlines():

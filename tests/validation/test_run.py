@@ -285,3 +285,17 @@ def _assert_every_site_reference_and_circuits(summary, config, out, tmp_path):
   assert len(rows) == 3 * len(compare.CIRCUIT_ROWS)
   assert any(r.startswith('| decoder QK circuit asymmetry') for r in rows)
   assert command('circuits').main([str(tmp_path)]) == 2  # not a run
+  # The self-attention scores as initialized: the two models are one
+  # model (bit-identical layers, one seed), and training moved them.
+  assert command('circuits').main(['--initial_scores', str(out)]) == 0
+  initial = json.loads((out / 'initial_scores.json').read_text())
+  assert initial['sentences'] == config.score_sentences
+  assert initial['trax'] == initial['reference']
+  trained_scores = summary['reference']['self_attention_scores']
+  assert initial['reference']['encoder'] != trained_scores['encoder']
+  rows = compare.initial_score_rows([str(out)], ['trax', 'reference'])
+  assert any(
+    r.startswith('| encoder self-attention, weight on itself, initialized')
+    for r in rows
+  )
+  assert command('circuits').main(['--source_dir', 'x', str(out)]) == 2

@@ -264,6 +264,7 @@ def render_seeds(runs, references=None, baseline='reference'):
   }
   lines += report.head_rows(mean, names)
   lines += report.score_rows([(mean, n) for n in names])
+  lines += initial_score_rows([run_dir for run_dir, _, _ in runs], names)
   lines += circuit_rows([run_dir for run_dir, _, _ in runs], names)
   if p_values:
     lines += ['', holm_line(p_values, baseline)]
@@ -349,6 +350,37 @@ def _per_layer_mean(lists):
     None if None in column else float(np.mean(column))
     for column in zip(*lists, strict=True)
   ]
+
+
+def initial_score_rows(run_dirs, names):
+  """The self-attention score rows of the models as initialized, the
+  seeds' mean (`trained_circuits.initial_scores`, in every run
+  directory); [] where a run has none."""
+  from trax_qkv.validation import trained_circuits
+
+  found = []
+  for run_dir in run_dirs:
+    path = os.path.join(run_dir, trained_circuits.INITIAL_SCORES_FILE)
+    if not os.path.exists(path):
+      return []
+    with open(path, encoding='utf-8') as f:
+      found.append(json.load(f))
+  per_seed = [
+    {
+      n: {'self_attention_scores': dict(seed[n], sentences=seed['sentences'])}
+      for n in names
+    }
+    for seed in found
+  ]
+  mean = {
+    n: {
+      'self_attention_scores': _mean_measures(
+        per_seed, n, 'self_attention_scores', ('encoder', 'decoder')
+      )
+    }
+    for n in names
+  }
+  return report.score_rows([(mean, n) for n in names], ', initialized')
 
 
 def _mean_measures(summaries, name, key, parts=None):

@@ -208,16 +208,18 @@ SCORE_ROWS = (
 )
 
 
-def score_rows(columns):
+def score_rows(columns, suffix=''):
   """Table rows of the self-attention score measures per layer
   (`research.self_attention_scores`), a cell per (summary, model
-  name) of `columns`; [] where no model has them (older runs, the LSTM)."""
+  name) of `columns`, each title followed by `suffix`; [] where no model
+  has them (older runs, the LSTM)."""
   scores = [s[name].get('self_attention_scores') for s, name in columns]
   if not any(scores):
     return []
   n = max(m['sentences'] for m in scores if m)
   return [
-    f'| {part} self-attention, {title} (per layer, {n} test sentences) | '
+    f'| {part} self-attention, {title}{suffix} (per layer, {n} test '
+    'sentences) | '
     + ' | '.join(per_layer(m and m[part].get(key)) for m in scores)
     + ' |'
     for part in ('encoder', 'decoder')

@@ -6,6 +6,7 @@ beside its summary.json, for `trax-qkv-compare --seeds` to show.
 import os
 
 import jax
+import numpy as np
 from trax import shapes
 
 from trax_qkv import data as data_lib
@@ -94,4 +95,73 @@ def measure(run_dir, log=print):
       importance=circuits.head_importance(model, attention, n_heads, batches),
     )
   files.write_json(os.path.join(run_dir, CIRCUITS_FILE), result)
+  return result
+
+
+INITIAL_SCORES_FILE = 'initial_scores.json'
+
+
+def initial_scores(run_dir, source_dir=None, data_dir=None, log=print):
+  """Writes `INITIAL_SCORES_FILE` into `run_dir`, a trax-qkv-validate
+  output directory, and returns what it holds: per model, the
+  self-attention score measures (`research.self_attention_scores`) of
+  the model freshly initialized from the run's seed, on the sentences
+  its summary.json measured the trained model on (the first
+  `score_sentences` test sentences, teacher-forcing their references).
+
+  Needs no checkpoint: the run's settings and data rebuild it.
+  `source_dir` and `data_dir`, where given, are where the run's parallel
+  text and prepared data are on this machine.
+
+  Raises:
+    ValueError: the directory holds no run, or its run measured no
+      self-attention scores (before anything is computed or written).
+  """
+  import tempfile
+
+  from trax_qkv.data import EOS_ID
+  from trax_qkv.supervised import decoding
+  from trax_qkv.validation import run as run_lib
+
+  config = _run_config(run_dir)
+  if not config['score_sentences'] or config['model'] != 'transformer':
+    raise ValueError(
+      f'runs: {run_dir} measured no self-attention scores (a Transformer '
+      'run with --score_sentences > 0 does).'
+    )
+  data = data_lib.prepare_translation_data(
+    config['dataset'],
+    tuple(config['keys']),
+    source_dir or config['source_dir'],
+    data_dir or config['data_dir'],
+    config['vocab_size'],
+  )
+  vocab = data.vocab()
+  test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
+  test = test[: config['max_test_sentences'] or None]
+  test = test[: config['score_sentences']]
+  source_ids = decoding.encode_sources(vocab, [s for s, _ in test])
+  target_ids = [vocab.encode(t) + [EOS_ID] for _, t in test]
+  # The weights' shapes do not depend on the length: any batch inits.
+  tokens = np.ones((1, 4), np.int32)
+  signature = shapes.signature((tokens, tokens))
+  settings_of = config_lib.ValidationConfig(
+    **{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+  )
+  result = {'sentences': len(test)}
+  with tempfile.TemporaryDirectory() as scratch:
+    for name in config['implementations']:
+      log(f'{name}: the self-attention scores at initialization ...')
+      settings = run_lib.model_settings(settings_of, vocab.vocab_size, name)
+      build = model_dir.model_fn(
+        settings, self_attention_scores.measured_attention(settings)
+      )
+      initial = build(mode='eval')
+      initial.init(signature, rng=jax.random.PRNGKey(config['seed']))
+      path = os.path.join(scratch, f'{name}.pkl.gz')
+      initial.save_to_file(path)
+      result[name] = self_attention_scores.self_attention_scores(
+        build, path, source_ids, target_ids
+      )
+  files.write_json(os.path.join(run_dir, INITIAL_SCORES_FILE), result)
   return result
