@@ -241,6 +241,15 @@ def test_score_measures_on_hand_made_queries_and_keys():
   assert same['asymmetry'] == 0.0
   assert same['diagonal'] > 1 / 5
   assert same['agreement'] == 1.0  # every head's largest is the diagonal
+  assert same['agreement_off_self'] is None  # and no row is off it
+  # Two heads that read the next position, one the position after it:
+  # off the diagonal they agree in 1 pair of 3.
+  eye = np.eye(5)
+  ahead = [np.roll(eye, shift, axis=1) * 10 for shift in (1, 1, 2)]
+  q, k = np.stack(ahead)[None], np.stack([eye] * 3)[None]
+  reading = head_measures.score_measures(q, k, [5], causal=False)
+  assert reading['agreement_off_self'] == pytest.approx(1 / 3)
+  assert reading['agreement'] == pytest.approx(1 / 3)
   # An antisymmetric score (k = q rotated by 90 degrees in each plane).
   rotated = np.stack(
     [-unit[..., 1], unit[..., 0], -unit[..., 3], unit[..., 2]], -1

@@ -95,6 +95,16 @@ def _same_argmax(p, q):
   return (np.argmax(p, axis=-1) == np.argmax(q, axis=-1)).astype(np.float64)
 
 
+def _same_argmax_off_self(p, q):
+  """Over the query rows where neither head peaks on the row's own
+  position (self-attention, row i against key i), 1 where the two peak
+  on the same key: agreement that a shared diagonal does not make."""
+  p_max, q_max = np.argmax(p, axis=-1), np.argmax(q, axis=-1)
+  own = np.arange(p.shape[-2])
+  off_self = (p_max != own) & (q_max != own)
+  return (p_max == q_max)[off_self].astype(np.float64)
+
+
 def _pairs(rows, measure):
   """`measure` of each pair of heads of (heads, ..., Lk) `rows`."""
   return [
@@ -104,7 +114,9 @@ def _pairs(rows, measure):
 
 
 def _mean(parts):
-  return float(np.mean(np.concatenate(parts))) if parts else None
+  """The mean of every value of `parts`; None where there is none."""
+  values = np.concatenate(parts) if parts else np.zeros(0)
+  return float(np.mean(values)) if values.size else None
 
 
 def measures(layers, source_lengths, target_lengths):
@@ -163,7 +175,11 @@ def score_measures(q, k, lengths, causal):
     of the scores S = q kᵀ / √d_head over the real positions, before any
     mask, averaged over sentences and heads: 0 for a symmetric score;
     'entropy' and 'agreement' of the attention weights, as
-    `layer_measures` computes them (agreement None for one head).
+    `layer_measures` computes them (agreement None for one head);
+    'agreement_off_self', the agreement over only the (pair of heads,
+    position) where neither head peaks on the position itself: heads
+    that each peak on the token itself agree for that reason alone
+    (None for one head, or where no such position is left).
   """
   q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
   if q.ndim != 4 or q.shape != k.shape or len(lengths) != q.shape[0]:
@@ -171,7 +187,7 @@ def score_measures(q, k, lengths, causal):
       'q and k must be (batch, heads, L, d_head) of one shape, with a '
       f'length per sentence; got {q.shape}, {k.shape}, {list(lengths)}.'
     )
-  diagonals, asymmetries, entropies, agreements = [], [], [], []
+  diagonals, asymmetries, entropies, agreements, off_self = [], [], [], [], []
   for qs, ks, n in zip(q, k, lengths, strict=True):
     s = qs[:, :n] @ np.swapaxes(ks[:, :n], -1, -2) / np.sqrt(q.shape[-1])
     norms = np.linalg.norm(s, axis=(-2, -1))
@@ -186,9 +202,11 @@ def score_measures(q, k, lengths, causal):
     diagonals.append(np.diagonal(a, axis1=-2, axis2=-1).ravel())
     entropies.append(_entropy_bits(a).ravel())
     agreements += _pairs(a, _same_argmax)
+    off_self += _pairs(a, _same_argmax_off_self)
   return dict(
     diagonal=_mean(diagonals),
     asymmetry=_mean(asymmetries),
     entropy=_mean(entropies),
     agreement=_mean(agreements),
+    agreement_off_self=_mean(off_self),
   )

@@ -205,6 +205,7 @@ SCORE_ROWS = (
   ('score asymmetry ‖S − Sᵀ‖ / ‖S‖', 'asymmetry'),
   ('entropy of a head, bits', 'entropy'),
   ('argmax agreement between heads', 'agreement'),
+  ('argmax agreement between heads, off the diagonal', 'agreement_off_self'),
 )
 
 
