@@ -34,13 +34,20 @@ SYNTHETIC_MODELS = (
 )
 
 
-def seeded_differences(run_dirs, measure=MEASURE):
-  """[(variant, mean, low, high)]: each variant's paired difference from
-  the baseline in `measure` across the seeds of `run_dirs`."""
+def _summaries(runs_dir, experiment):
+  """The summary.json of each seed of one experiment, in seed order."""
   summaries = []
-  for run_dir in run_dirs:
-    with open(os.path.join(run_dir, 'summary.json'), encoding='utf-8') as f:
+  for path in sorted(
+    glob.glob(os.path.join(runs_dir, experiment, 'seed*', 'summary.json'))
+  ):
+    with open(path, encoding='utf-8') as f:
       summaries.append(json.load(f))
+  return summaries
+
+
+def seeded_differences(summaries, measure=MEASURE):
+  """[(variant, mean, low, high)]: each variant's paired difference from
+  the baseline in `measure` across the seeds' `summaries`."""
   names = [
     k
     for k, v in summaries[0].items()
@@ -77,19 +84,15 @@ def draw(runs_dir, output_dir):
   """Draws every figure into output_dir; returns the numbers drawn."""
   numbers = {}
   for experiment in ('self', 'cross'):
-    run_dirs = sorted(
-      glob.glob(os.path.join(runs_dir, experiment, 'seed*', 'summary.json'))
-    )
-    run_dirs = [os.path.dirname(p) for p in run_dirs]
-    rows = seeded_differences(run_dirs)
-    with open(os.path.join(run_dirs[0], 'summary.json'), encoding='utf-8') as f:
-      steps = json.load(f)['steps']
+    summaries = _summaries(runs_dir, experiment)
+    rows = seeded_differences(summaries)
     numbers[f'forest_{experiment}'] = rows
     fig = figures.forest(
       rows,
       MARGIN,
       f'{experiment}-attention varied: eval loss, variant − reference\n'
-      f'{len(run_dirs)} seeds, {steps:,} steps; 95 % t intervals, uncorrected',
+      f'{len(summaries)} seeds, {summaries[0]["steps"]:,} steps; '
+      '95 % t intervals, uncorrected',
       'eval loss difference (nats)',
     )
     fig.savefig(os.path.join(output_dir, f'forest_{experiment}.png'), dpi=110)

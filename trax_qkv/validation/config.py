@@ -255,16 +255,22 @@ def add_flags(parser, config_class=ValidationConfig):
     )
 
 
-def from_flags(args, config_class=ValidationConfig):
-  """The config made of parsed flags (lists become tuples)."""
+def from_dict(values, config_class=ValidationConfig):
+  """The config of `values`' entries for its fields (lists become
+  tuples): parsed flags, or `read_run_config`'s recorded settings."""
   return config_class(
     **{
-      f.name: tuple(getattr(args, f.name))
-      if isinstance(getattr(args, f.name), list)
-      else getattr(args, f.name)
+      f.name: tuple(values[f.name])
+      if isinstance(values[f.name], list)
+      else values[f.name]
       for f in dataclasses.fields(config_class)
     }
   )
+
+
+def from_flags(args, config_class=ValidationConfig):
+  """The config made of parsed flags (lists become tuples)."""
+  return from_dict(vars(args), config_class)
 
 
 def read_run_config(output_dir, config_class=ValidationConfig):

@@ -29,6 +29,18 @@ def _run_config(run_dir):
   return config
 
 
+def _prepared_data(config, source_dir=None, data_dir=None):
+  """The run's translation data, prepared (again) here: from `source_dir`
+  and into `data_dir` where given, else where the run had them."""
+  return data_lib.prepare_translation_data(
+    config['dataset'],
+    tuple(config['keys']),
+    source_dir or config['source_dir'],
+    data_dir or config['data_dir'],
+    config['vocab_size'],
+  )
+
+
 def _checked_models(run_dir, config):
   """{name: ModelDir} of the run's models, every one a trained
   Transformer, checked before any is measured."""
@@ -62,13 +74,7 @@ def measure(run_dir, log=print):
   """
   config = _run_config(run_dir)
   models = _checked_models(run_dir, config)
-  data = data_lib.prepare_translation_data(
-    config['dataset'],
-    tuple(config['keys']),
-    config['source_dir'],
-    config['data_dir'],
-    config['vocab_size'],
-  )
+  data = _prepared_data(config)
   batches = data_lib.split_batches(
     data, 'validation', config['max_length'], config['batch_size']
   )
@@ -124,18 +130,13 @@ def initial_scores(run_dir, source_dir=None, data_dir=None, log=print):
   from trax_qkv.validation import run as run_lib
 
   config = _run_config(run_dir)
-  if not config['score_sentences'] or config['model'] != 'transformer':
+  transformer = config['model'] == model_dir.TRANSFORMER.name
+  if not (config['score_sentences'] and transformer):
     raise ValueError(
       f'runs: {run_dir} measured no self-attention scores (a Transformer '
       'run with --score_sentences > 0 does).'
     )
-  data = data_lib.prepare_translation_data(
-    config['dataset'],
-    tuple(config['keys']),
-    source_dir or config['source_dir'],
-    data_dir or config['data_dir'],
-    config['vocab_size'],
-  )
+  data = _prepared_data(config, source_dir, data_dir)
   vocab = data.vocab()
   test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
   test = test[: config['max_test_sentences'] or None]
@@ -145,9 +146,7 @@ def initial_scores(run_dir, source_dir=None, data_dir=None, log=print):
   # The weights' shapes do not depend on the length: any batch inits.
   tokens = np.ones((1, 4), np.int32)
   signature = shapes.signature((tokens, tokens))
-  settings_of = config_lib.ValidationConfig(
-    **{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
-  )
+  settings_of = config_lib.from_dict(config)
   result = {'sentences': len(test)}
   with tempfile.TemporaryDirectory() as scratch:
     for name in config['implementations']:
