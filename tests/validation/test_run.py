@@ -195,6 +195,10 @@ def test_tiny_side_by_side_run_in_every_site_is_identical(tmp_path):
     json.dumps(summary, default=str)
   )
   assert summary['steps'] == 12
+  curve = summary['reference']['eval_loss_curve']
+  assert [step for step, _ in curve] == [1, 6, 12]  # eval_at's steps
+  assert curve[-1][1] == summary['reference']['eval_loss']
+  assert curve == summary['trax']['eval_loss_curve']
   assert summary['max_loss_diff'] == 0.0
   assert summary['identical_decodes'] == 1.0
   for label in ('trax', 'reference'):

@@ -279,6 +279,15 @@ def _eval_metric(loop, name):
   return float(history[-1][1]) if history else None
 
 
+def _eval_curve(loop, name):
+  """[[step, value]] of every evaluation so far, over every (resumed) run:
+  the checkpoint's history carries the earlier ones."""
+  return [
+    [int(step), float(value)]
+    for step, value in loop.history.get('eval', f'metrics/{name}')
+  ]
+
+
 def _write_lines(path, lines):
   files.write_text(path, ''.join(line + '\n' for line in lines))
 
@@ -385,6 +394,7 @@ def run_one(config, name, corpus, output_dir, draw_maps, log=print):
     final_loss=loop.step_losses[-1],
     eval_loss=_eval_metric(loop, 'WeightedCategoryCrossEntropy'),
     eval_accuracy=_eval_metric(loop, 'WeightedCategoryAccuracy'),
+    eval_loss_curve=_eval_curve(loop, 'WeightedCategoryCrossEntropy'),
     train_seconds=seconds,
     step_ms=(
       None
