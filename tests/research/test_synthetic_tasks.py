@@ -97,14 +97,25 @@ def test_the_experiment_resumes_and_tabulates(tmp_path, monkeypatch):
   monkeypatch.setattr(
     tasks, 'measure', lambda net, s, curve: measures(0.5 + s.seed / 4, 100)
   )
-  grid = runs.settings([0, 1], ['swap'], [False], ['reference'])
+  monkeypatch.setattr(
+    tasks, 'mean_attention', lambda net, s: np.full((2, 4, 4), 1 / 3)
+  )
+  grid = runs.settings([0, 1], ['swap', 'copy'], [False], ['reference'])
   runs.run(str(tmp_path), grid[:1], log=lambda _: None)
   results = runs.run(str(tmp_path), grid, log=lambda _: None)
-  assert trained == ['swap/raw/reference/0', 'swap/raw/reference/1']
+  assert trained == [
+    'swap/raw/reference/0',
+    'swap/raw/reference/1',
+    'copy/raw/reference/0',
+    'copy/raw/reference/1',
+  ]
+  # Seed 0's learned attention on swap is kept, rounded; no other run's.
+  kept = json.loads((tmp_path / runs.ATTENTION).read_text())
+  assert kept == {'swap/raw/reference/0': [[[0.333] * 4] * 4] * 2}
   saved = json.loads((tmp_path / runs.RESULTS).read_text())
   assert saved['runs'] == results and saved['environment']['jax']
   table = runs.table(results).splitlines()
-  assert len(table) == 3
+  assert len(table) == 4
   assert table[2] == (
     '| swap | raw | `reference` | 2 | 0.625 [0.500, 0.750] | 2/2 | 100 '
     '| 0.75 / 0.12 | 0, 0 |'

@@ -18,7 +18,12 @@ def test_figures_are_drawn_from_the_committed_runs(tmp_path):
   with open(os.path.join(IMAGES, why_figures.NUMBERS), encoding='utf-8') as f:
     committed = json.load(f)
   assert json.loads((tmp_path / why_figures.NUMBERS).read_text()) == committed
-  for name in ('forest_self.png', 'forest_cross.png', 'synthetic_swap.png'):
+  for name in (
+    'forest_self.png',
+    'forest_cross.png',
+    'synthetic_swap.png',
+    'synthetic_attention.png',
+  ):
     assert (tmp_path / name).stat().st_size > 10_000
     assert os.path.exists(os.path.join(IMAGES, name))
   # The forest plot's rows are the paired differences of the page's
@@ -28,6 +33,13 @@ def test_figures_are_drawn_from_the_committed_runs(tmp_path):
   # Every seed of each model drawn, 5 in the synthetic experiment.
   for curves in committed['synthetic_swap'].values():
     assert curves and all(len(seeds) == 5 for seeds in curves.values())
+  # The learned attention the page describes: every head of Trax's layer
+  # weighs the partner above the token itself, every head of
+  # shared_query_key the token itself above the partner.
+  heads = committed['synthetic_attention']
+  assert list(heads) == list(why_figures.SYNTHETIC_MODELS)
+  assert all(partner > itself for partner, itself in heads['reference'])
+  assert all(partner < itself for partner, itself in heads['shared_query_key'])
 
 
 def test_a_missing_runs_directory_is_refused(tmp_path, capsys):

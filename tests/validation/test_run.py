@@ -7,6 +7,7 @@ from helpers import command
 from helpers import shared_data_dir
 from helpers import tiny_validation_config
 import jax
+import numpy as np
 import pytest
 
 from trax_qkv.supervised import scoring
@@ -260,6 +261,40 @@ def _assert_compare_reads_the_run(summary, out):
   assert not (out / 'x').exists()
 
 
+def _assert_sentence_attention_is_trax_own(out, measured):
+  """circuits.json's first test sentence's encoder self-attention is what
+  Trax's own layers hold in 'viz' mode, each PureAttention's weights."""
+  from trax import shapes
+
+  from trax_qkv.models import registry
+  from trax_qkv.supervised import model_dir
+  from trax_qkv.validation import trained_circuits as tc
+
+  config = tc._run_config(str(out))
+  data = tc._prepared_data(config)
+  source, source_ids, target_ids = tc._test_sentences(config, data, 1)
+  assert measured['sentence']['source'] == source[0]
+  assert len(measured['sentence']['tokens']) == len(source_ids[0])
+  found = model_dir.load(str(out / 'trax'))
+  viz = model_dir.model_fn(found.settings)(mode='viz')
+  batch = (np.asarray(source_ids), np.asarray(target_ids))
+  viz.init_from_file(
+    found.checkpoint, weights_only=True, input_signature=shapes.signature(batch)
+  )
+  viz(batch)
+  trax_own = [
+    np.asarray(core.state)[0]
+    for site, layer in registry.attention_sites(viz)
+    if site == registry.SELF_ATTENTION
+    for core in registry.walk(layer)
+    if type(core).__name__ == 'PureAttention'
+  ]
+  for name in ('trax', 'reference'):
+    read = measured[name]['sentence_attention']
+    assert len(read) == len(trax_own) == 1  # the tiny model's one layer
+    np.testing.assert_allclose(read[0], trax_own[0], atol=6e-4, rtol=0)
+
+
 def _assert_every_site_reference_and_circuits(summary, config, out, tmp_path):
   """The report says what ran where; trax-qkv-circuits reads the same
   weights the same, in every site."""
@@ -284,6 +319,7 @@ def _assert_every_site_reference_and_circuits(summary, config, out, tmp_path):
   assert set(measured['trax']['circuits']) == {'encoder', 'decoder', 'cross'}
   assert len(measured['trax']['importance']['cross']) == config.n_layers
   assert measured['validation_pairs'] > 0
+  _assert_sentence_attention_is_trax_own(out, measured)
   loaded = [(str(out), *compare.load_run(str(out)))]
   rows = compare.circuit_rows([str(out)], loaded[0][2])
   assert len(rows) == 3 * len(compare.CIRCUIT_ROWS)

@@ -157,6 +157,16 @@ def model_measures(reader, source_ids, target_ids, batch_size=50):
   }
 
 
+def softmax_rows(scores, causal):
+  """The attention weights of (..., n, n) `scores`: each row's softmax over
+  the keys it sees (with `causal`, keys 0..i only)."""
+  n = scores.shape[-1]
+  if causal:
+    scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
+  a = np.exp(scores - scores.max(axis=-1, keepdims=True))
+  return a / a.sum(axis=-1, keepdims=True)
+
+
 def score_measures(q, k, lengths, causal):
   """What the mathematics of docs/why_three_dense.md predicts of one
   self-attention layer, from its queries and keys.
@@ -195,10 +205,7 @@ def score_measures(q, k, lengths, causal):
     asymmetries.append(
       np.divide(skew, norms, out=np.zeros_like(skew), where=norms > 0)
     )
-    if causal:
-      s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
-    a = np.exp(s - s.max(axis=-1, keepdims=True))
-    a /= a.sum(axis=-1, keepdims=True)
+    a = softmax_rows(s, causal)
     diagonals.append(np.diagonal(a, axis1=-2, axis2=-1).ravel())
     entropies.append(_entropy_bits(a).ravel())
     agreements += _pairs(a, _same_argmax)

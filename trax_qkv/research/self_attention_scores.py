@@ -4,7 +4,8 @@ The model runs eagerly with the 'reference' kernel (the same weights and
 math as the kernel or Trax's layer it was trained with) and each call of
 the kernel hands over its queries and keys; `registry.attention_sites`
 says which site made each call. `head_measures.score_measures` reads
-them: a position's weight on itself, argmax agreement between heads.
+them: a position's weight on itself, argmax agreement between heads;
+`sentence_attention` gives one sentence's weights, to draw.
 """
 
 import contextlib
@@ -55,12 +56,10 @@ def captured_queries_and_keys():
     kernels.KERNELS[kernels.REFERENCE] = original
 
 
-def self_attention_scores(model_fn, weights_file, source_ids, target_ids):
-  """`head_measures.score_measures` of a Transformer's encoder and decoder
-  self-attention layers, teacher-forcing `target_ids`: {'encoder': ...,
-  'decoder': ...}, each a dict of per-layer lists. `model_fn` must build
-  every self-attention site with the 'reference' kernel (as
-  `model_dir.model_fn(settings, measured_attention(settings))` does)."""
+def _queries_and_keys(model_fn, weights_file, source_ids, target_ids):
+  """([(q, k)] of the encoder's self-attention layers, [(q, k)] of the
+  decoder's), each (batch, heads, L, d_head), teacher-forcing
+  `target_ids`; `model_fn` as `self_attention_scores` takes it."""
   src = decoding.pad_rows(source_ids, max(map(len, source_ids)))
   tgt = decoding.pad_rows(target_ids, max(map(len, target_ids)))
   model = model_fn(mode='eval')
@@ -100,6 +99,18 @@ def self_attention_scores(model_fn, weights_file, source_ids, target_ids):
     for site, (_, q, k) in zip(sites, calls)
     if site == registry.CAUSAL_ATTENTION
   ]
+  return encoder, decoder
+
+
+def self_attention_scores(model_fn, weights_file, source_ids, target_ids):
+  """`head_measures.score_measures` of a Transformer's encoder and decoder
+  self-attention layers, teacher-forcing `target_ids`: {'encoder': ...,
+  'decoder': ...}, each a dict of per-layer lists. `model_fn` must build
+  every self-attention site with the 'reference' kernel (as
+  `model_dir.model_fn(settings, measured_attention(settings))` does)."""
+  encoder, decoder = _queries_and_keys(
+    model_fn, weights_file, source_ids, target_ids
+  )
   result = {}
   for part, layers, lengths, is_causal in (
     ('encoder', encoder, [len(s) for s in source_ids], False),
@@ -110,6 +121,21 @@ def self_attention_scores(model_fn, weights_file, source_ids, target_ids):
     ]
     result[part] = {key: [m[key] for m in measured] for key in measured[0]}
   return result
+
+
+def sentence_attention(model_fn, weights_file, source_ids, target_ids):
+  """One sentence's encoder self-attention weights, as the model computes
+  them: per layer, (heads, L, L) (rows: the positions reading, columns:
+  the positions read); `model_fn` as `self_attention_scores` takes it."""
+  encoder, _ = _queries_and_keys(
+    model_fn, weights_file, [source_ids], [target_ids]
+  )
+  weights = []
+  for q, k in encoder:
+    q, k = np.asarray(q[0], np.float64), np.asarray(k[0], np.float64)
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    weights.append(head_measures.softmax_rows(scores, causal=False))
+  return weights
 
 
 def measured_attention(settings):

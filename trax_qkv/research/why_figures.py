@@ -4,9 +4,10 @@
       --runs docs/runs/why_three_dense --output_dir docs/images/why_three_dense
 
 Reads the seeded runs' summary.json (self/seed*, cross/seed*) and the
-synthetic experiment's results.json, draws each figure and writes the
-numbers it drew to figures.json beside them, so that a test can tell
-whether the committed figures are the committed runs'.
+synthetic experiment's results.json and attention.json, draws each
+figure and writes the numbers it drew to figures.json beside them, so
+that a test can tell whether the committed figures are the committed
+runs'.
 """
 
 import argparse
@@ -14,10 +15,13 @@ import glob
 import json
 import os
 
+import numpy as np
+
 from trax_qkv import files
 from trax_qkv.research import figures
 from trax_qkv.research import statistics
 from trax_qkv.research import synthetic_runs
+from trax_qkv.research import synthetic_tasks
 
 BASELINE = 'reference'
 # The primary measure of the pre-registered comparison, and its margin.
@@ -80,6 +84,31 @@ def synthetic_curves(results, task=SYNTHETIC_TASK, models=SYNTHETIC_MODELS):
   return panels
 
 
+def synthetic_attention(
+  attention, task=SYNTHETIC_TASK, models=SYNTHETIC_MODELS
+):
+  """{model: (heads, L, L)} of the learned attention kept for `task`
+  (`synthetic_runs.ATTENTION`), in `models`' order, those kept only."""
+  found = {}
+  for model in models:
+    for name, weights in attention.items():
+      if name.startswith(f'{task}/raw/{model}/'):
+        found[model] = np.asarray(weights)
+  return found
+
+
+def partner_and_self(weights, task=SYNTHETIC_TASK):
+  """Per head, (mean weight a row puts on its target, on itself) of
+  (heads, L, L) attention, over the rows that have a target."""
+  targets = synthetic_tasks.targets_of(task, weights.shape[-1])
+  rows = np.flatnonzero(targets >= 0)
+  return [
+    [round(float(head[rows, targets[rows]].mean()), 3),
+     round(float(head[rows, rows].mean()), 3)]
+    for head in weights
+  ]  # fmt: skip
+
+
 def draw(runs_dir, output_dir):
   """Draws every figure into output_dir; returns the numbers drawn."""
   numbers = {}
@@ -109,6 +138,21 @@ def draw(runs_dir, output_dir):
     'mean and range over seeds',
   )
   fig.savefig(os.path.join(output_dir, 'synthetic_swap.png'), dpi=110)
+  with open(
+    os.path.join(runs_dir, 'synthetic', synthetic_runs.ATTENTION),
+    encoding='utf-8',
+  ) as f:
+    panels = synthetic_attention(json.load(f))
+  numbers['synthetic_attention'] = {
+    model: partner_and_self(weights) for model, weights in panels.items()
+  }
+  fig = figures.attention_grid(
+    panels,
+    f'"{SYNTHETIC_TASK}", seed {synthetic_runs.ATTENTION_SEED}: '
+    'learned attention\n(rows read columns; partners sit\n'
+    'next to the diagonal)',
+  )
+  fig.savefig(os.path.join(output_dir, 'synthetic_attention.png'), dpi=110)
   return numbers
 
 

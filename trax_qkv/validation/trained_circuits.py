@@ -11,8 +11,11 @@ from trax import shapes
 
 from trax_qkv import data as data_lib
 from trax_qkv import files
+from trax_qkv.data import EOS_ID
 from trax_qkv.research import circuits
 from trax_qkv.research import self_attention_scores
+from trax_qkv.supervised import attention_maps
+from trax_qkv.supervised import decoding
 from trax_qkv.supervised import model_dir
 from trax_qkv.validation import config as config_lib
 
@@ -41,6 +44,21 @@ def _prepared_data(config, source_dir=None, data_dir=None):
   )
 
 
+def _test_sentences(config, data, n):
+  """(sources, source ids, target ids) of the first `n` test sentences the
+  run was tested on, each target its reference translation and EOS, as
+  the run's summary measured them."""
+  vocab = data.vocab()
+  test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
+  test = test[: config['max_test_sentences'] or None][:n]
+  sources = [s for s, _ in test]
+  return (
+    sources,
+    decoding.encode_sources(vocab, sources),
+    [vocab.encode(t) + [EOS_ID] for _, t in test],
+  )
+
+
 def _checked_models(run_dir, config):
   """{name: ModelDir} of the run's models, every one a trained
   Transformer, checked before any is measured."""
@@ -59,10 +77,14 @@ def _checked_models(run_dir, config):
 def measure(run_dir, log=print):
   """Writes `CIRCUITS_FILE` into `run_dir`, a completed trax-qkv-validate
   output directory, and returns what it holds: {'validation_pairs': n,
-  name: {'circuits': ..., 'initial_circuits': ..., 'importance': ...}}
+  'sentence': {'source': ..., 'tokens': ...}, name: {'circuits': ...,
+  'initial_circuits': ..., 'importance': ..., 'sentence_attention': ...}}
   per model, as `circuits.model_circuits` (of the trained model, and of
-  the same model freshly initialized from the run's seed) and
-  `circuits.head_importance` (on the run's validation split) give them.
+  the same model freshly initialized from the run's seed),
+  `circuits.head_importance` (on the run's validation split) and
+  `self_attention_scores.sentence_attention` (the first test sentence's
+  encoder self-attention, per layer (heads, L, L), to 3 decimals) give
+  them.
 
   Only the sites the run varied (its `sites`) are read. Models that ran
   Trax's layer or a kernel are read as 'reference' (the same weights and
@@ -79,6 +101,12 @@ def measure(run_dir, log=print):
     data, 'validation', config['max_length'], config['batch_size']
   )
   result = {'validation_pairs': int(sum(b[2][:, 0].sum() for b in batches))}
+  # One test sentence's encoder self-attention, to draw.
+  sources, source_ids, target_ids = _test_sentences(config, data, 1)
+  result['sentence'] = dict(
+    source=sources[0],
+    tokens=attention_maps.token_pieces(data.vocab(), source_ids[0]),
+  )
   signature = shapes.signature(batches[0][:2])
   for name, found in models.items():
     log(f'{name}: reading the circuits, masking each head ...')
@@ -99,6 +127,12 @@ def measure(run_dir, log=print):
       circuits=circuits.model_circuits(model, attention, n_heads),
       initial_circuits=circuits.model_circuits(initial, attention, n_heads),
       importance=circuits.head_importance(model, attention, n_heads, batches),
+      sentence_attention=[
+        np.round(weights, 3).tolist()
+        for weights in self_attention_scores.sentence_attention(
+          build, found.checkpoint, source_ids[0], target_ids[0]
+        )
+      ],
     )
   files.write_json(os.path.join(run_dir, CIRCUITS_FILE), result)
   return result
@@ -125,8 +159,6 @@ def initial_scores(run_dir, source_dir=None, data_dir=None, log=print):
   """
   import tempfile
 
-  from trax_qkv.data import EOS_ID
-  from trax_qkv.supervised import decoding
   from trax_qkv.validation import run as run_lib
 
   config = _run_config(run_dir)
@@ -138,16 +170,14 @@ def initial_scores(run_dir, source_dir=None, data_dir=None, log=print):
     )
   data = _prepared_data(config, source_dir, data_dir)
   vocab = data.vocab()
-  test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
-  test = test[: config['max_test_sentences'] or None]
-  test = test[: config['score_sentences']]
-  source_ids = decoding.encode_sources(vocab, [s for s, _ in test])
-  target_ids = [vocab.encode(t) + [EOS_ID] for _, t in test]
+  sources, source_ids, target_ids = _test_sentences(
+    config, data, config['score_sentences']
+  )
   # The weights' shapes do not depend on the length: any batch inits.
   tokens = np.ones((1, 4), np.int32)
   signature = shapes.signature((tokens, tokens))
   settings_of = config_lib.from_dict(config)
-  result = {'sentences': len(test)}
+  result = {'sentences': len(sources)}
   with tempfile.TemporaryDirectory() as scratch:
     for name in config['implementations']:
       log(f'{name}: the self-attention scores at initialization ...')
