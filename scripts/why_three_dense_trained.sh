@@ -8,7 +8,9 @@
 # trained STEPS steps (default 6000), evaluated on the whole validation
 # split every 1,000. The primary measure is the eval loss at the last
 # step; trax-qkv-compare --seeds gives the paired intervals and Holm's
-# correction, and trax_qkv.research.statistics.decide the labels.
+# correction, and with --margin 0.05 each variant's decision
+# (trax_qkv.research.statistics.decide) and whether the reference's eval
+# loss had flattened.
 #
 #   scripts/why_three_dense_trained.sh [OUTPUT_DIR]   default runs/why_trained
 #   STEPS=8000 scripts/why_three_dense_trained.sh      train on, exactly
@@ -42,5 +44,5 @@ for seed in "${seeds[@]}"; do
   run trax-qkv-circuits "$out/seed$seed"
   run trax-qkv-circuits --initial_scores --source_dir "$data" "$out/seed$seed"
 done
-run trax-qkv-compare --seeds "${runs[@]}" --source_dir "$data" \
+run trax-qkv-compare --seeds "${runs[@]}" --source_dir "$data" --margin 0.05 \
   --output_dir "$out"

@@ -47,3 +47,44 @@ def test_a_missing_runs_directory_is_refused(tmp_path, capsys):
     why_figures.main(['--runs', str(tmp_path / 'none'), '--output_dir', 'x'])
   assert '--runs must be a directory of runs' in capsys.readouterr().err
   assert not os.path.exists('x')
+
+
+def test_trained_figures_draw_the_seeds_curves_and_one_sentence(tmp_path):
+  """Once trained/seed* are there: the forest rows are the paired
+  differences, the curves every seed's evaluations from step 1,000, the
+  sentence each model's heads with their diagonal."""
+  import numpy as np
+
+  losses = {'reference': 2.0, 'shared_query_key': 2.1, 'no_projection': 2.3}
+  for seed in range(3):
+    run = tmp_path / 'runs' / why_figures.TRAINED / f'seed{seed}'
+    run.mkdir(parents=True)
+    summary = {'steps': 3000, 'seed': seed}
+    for name, loss in losses.items():
+      loss += 0.01 * seed
+      curve = [[1, 9.0], [1000, loss + 1], [2000, loss + 0.5], [3000, loss]]
+      summary[name] = {'eval_loss': loss, 'eval_loss_curve': curve}
+    (run / 'summary.json').write_text(json.dumps(summary))
+  tokens = ['▁Ein', '▁Hund', '▁rennt', '.', '<EOS>']
+  eye = np.eye(len(tokens))
+  uniform = np.full((len(tokens),) * 2, 1 / len(tokens))
+  measured = {
+    'sentence': {'source': 'Ein Hund rennt.', 'tokens': tokens},
+    'reference': {'sentence_attention': [[uniform.tolist()] * 2]},
+    'shared_query_key': {'sentence_attention': [[eye.tolist()] * 2]},
+  }
+  seed0 = tmp_path / 'runs' / why_figures.TRAINED / 'seed0'
+  (seed0 / 'circuits.json').write_text(json.dumps(measured))
+  numbers = {}
+  why_figures.draw_trained(str(tmp_path / 'runs'), str(tmp_path), numbers)
+  rows = {r[0]: r[1:] for r in numbers['forest_trained']}
+  assert list(rows) == ['shared_query_key', 'no_projection']
+  assert np.allclose(rows['no_projection'], [0.3, 0.3, 0.3])  # no spread
+  curves = numbers['trained_curves']
+  assert curves['reference'][2] == [[1000, 3.02], [2000, 2.52], [3000, 2.02]]
+  assert numbers['trained_sentence'] == {
+    'reference': [0.2, 0.2],
+    'shared_query_key': [1.0, 1.0],
+  }
+  for name in ('forest_trained', 'trained_curves', 'trained_sentence'):
+    assert (tmp_path / f'{name}.png').stat().st_size > 10_000

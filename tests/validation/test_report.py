@@ -189,7 +189,60 @@ def test_seeds_table_gives_intervals_and_marks_only_those_excluding_zero(
     + table
     + '<!-- end of trax-qkv-compare --seeds -->\n\nMore.\n'
   )
-  assert compare.page_tables(page) == [(['seed0', 'seed1', 'seed2'], table)]
+  assert compare.page_tables(page) == [
+    (['seed0', 'seed1', 'seed2'], table, None)
+  ]
+
+
+def test_seeds_table_ends_with_the_pre_registered_decisions(tmp_path):
+  """With a margin: each variant labelled by statistics.decide on the
+  eval loss, and whether the baseline's eval loss had flattened; a page's
+  marker carries the margin."""
+  from helpers import command
+
+  from trax_qkv.validation import compare
+
+  references = ['a b c d .'] * 3
+  offsets = dict(reference=0.0, worse=0.3, same=0.0, noisy=0.0)
+  spread = dict(reference=0.0, worse=0.01, same=0.001, noisy=0.2)
+  decodes = dict.fromkeys(offsets, references)
+  runs = []
+  for seed, sign in ((0, 1), (1, -1), (2, 0)):
+    losses = {n: 2.0 + offsets[n] + sign * spread[n] for n in offsets}
+    run_dir = _seed_run(tmp_path, seed, losses, decodes)
+    runs.append((run_dir, *compare.load_run(run_dir)))
+    # The baseline fell 0.01 nats over its last 2,000 steps in each seed.
+    curve = [[1, 9.0], [1000, 2.5], [2000, 2.01], [3000, 2.005]]
+    curve.append([4000, losses['reference']])
+    curve[2][1] = losses['reference'] + 0.01
+    runs[-1][1]['reference']['eval_loss_curve'] = curve
+  table = compare.render_seeds(runs, margin=0.05)
+  rows = {
+    line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
+    for line in table.splitlines()
+    if line.startswith('| `')
+  }
+  assert rows['`worse`'][0].startswith('+0.300 [')
+  assert rows['`worse`'][2] == '**worse**'
+  assert rows['`same`'][2] == '**equivalent**'
+  assert rows['`noisy`'][2] == '**undecided**'
+  assert 'Holm over the 3 variants' in table
+  assert (
+    "`reference`'s eval loss over its last 2,000 steps: fell by 0.010, "
+    '0.010, 0.010 nats (seeds in order): flattened by the pre-registered '
+    'rule (< 0.02 in every seed).'
+  ) in table
+  assert 'decision' not in compare.render_seeds(runs)  # none unasked
+  page = (
+    '<!-- trax-qkv-compare --seeds s0 s1 s2 --margin 0.05 -->\n'
+    + table
+    + '<!-- end of trax-qkv-compare --seeds -->\n'
+  )
+  assert compare.page_tables(page) == [(['s0', 's1', 's2'], table, 0.05)]
+  for bad in (['--margin', '0.05'], ['--seeds', 'a', '--margin', '0']):
+    with pytest.raises(SystemExit):
+      command('compare').main(bad + ['--output_dir', str(tmp_path / 'x')])
+  assert not (tmp_path / 'x').exists()
 
 
 def _write_weight_measures(run_dir, seed):
@@ -339,10 +392,10 @@ def test_why_three_dense_tables_are_the_commands_output(tmp_path):
   docs = os.path.join(ROOT, 'docs')
   with open(os.path.join(docs, 'why_three_dense.md'), encoding='utf-8') as f:
     blocks = compare.page_tables(f.read())
-  experiments = [os.path.basename(os.path.dirname(d[0])) for d, _ in blocks]
+  experiments = [os.path.basename(os.path.dirname(b.dirs[0])) for b in blocks]
   assert experiments == ['self', 'cross']
   source = require_shared_data('multi30k')
-  for dirs, table in blocks:
+  for dirs, table, margin in blocks:
     run_dirs = [os.path.join(docs, d) for d in dirs]
     runs = [(d, *compare.load_run(d)) for d in run_dirs]
     assert len(runs) >= 3  # seeds
@@ -350,7 +403,7 @@ def test_why_three_dense_tables_are_the_commands_output(tmp_path):
     references = compare.reference_translations(
       runs[0][1], source, shared_data_dir(tmp_path)
     )
-    assert compare.render_seeds(runs, references) == table
+    assert compare.render_seeds(runs, references, margin=margin) == table
     seeds = os.path.join(os.path.dirname(run_dirs[0]), compare.SEEDS_TABLE)
     with open(seeds, encoding='utf-8') as f:
       assert f.read() == '# Seeds\n\n' + table

@@ -20,7 +20,10 @@ i-th source). `--seeds` writes seeds.md: each score's mean ± sd over the
 seeds, its paired difference from 'reference' with a 95 % interval across
 seeds (* where it excludes 0, each on its own), BLEU and chrF also by
 paired bootstrap of the test sentences, and under the table Holm's
-correction over all its paired t tests.
+correction over all its paired t tests. With --margin it ends with the
+pre-registered decisions of docs/why_three_dense.md: each variant worse,
+equivalent within the margin, better or undecided on the eval loss at
+the last step, and whether 'reference''s eval loss had flattened.
 """
 
 import sys
@@ -62,6 +65,13 @@ def build_parser():
     '~/tensorflow_datasets)',
   )
   parser.add_argument(
+    '--margin',
+    type=float,
+    metavar='NATS',
+    help="with --seeds: the eval loss's equivalence margin, for each "
+    "variant's pre-registered decision (docs/why_three_dense.md: 0.05)",
+  )
+  parser.add_argument(
     '--output_dir',
     required=True,
     help='where comparison.md and the maps go',
@@ -82,13 +92,16 @@ def main(argv=None):
     parser.error(
       '--source_dir goes with --seeds, and --data_dir with --source_dir'
     )
+  if args.margin is not None and not (args.seeds and args.margin > 0):
+    parser.error('--margin goes with --seeds, and is a positive number of nats')
   from trax_qkv.validation import compare
 
   try:
     if args.seeds:
       compare.compare_seeds(
-        args.seeds, args.output_dir, args.source_dir, args.data_dir
-      )
+        args.seeds, args.output_dir, args.source_dir, args.data_dir,
+        args.margin,
+      )  # fmt: skip
     else:
       compare.compare(args.runs, args.sources, args.output_dir)
   except ValueError as e:

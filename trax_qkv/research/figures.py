@@ -4,12 +4,14 @@
 from matplotlib import figure
 
 
-def attention_grid(panels, title=None):
+def attention_grid(panels, title=None, tokens=None):
   """One row per model, one column per head: `panels` maps a row label to
   (heads, L, L) attention weights (rows: queries, columns: keys). A
-  model with fewer heads leaves its other cells empty."""
+  model with fewer heads leaves its other cells empty. `tokens`, where
+  given, label the positions of the first column and the last row."""
   columns = max(len(heads) for heads in panels.values())
-  fig = figure.Figure(figsize=(2.4 * columns + 1, 2.4 * len(panels)))
+  size = 2.4 if tokens is None else 3.2
+  fig = figure.Figure(figsize=(size * columns + 1, size * len(panels)))
   axes = fig.subplots(len(panels), columns, squeeze=False)
   for row, (label, heads) in enumerate(panels.items()):
     for column in range(columns):
@@ -20,6 +22,10 @@ def attention_grid(panels, title=None):
         ax.axis('off')
         continue
       ax.imshow(heads[column], cmap='viridis', vmin=0, vmax=1)
+      if tokens is not None and column == 0:
+        ax.set_yticks(range(len(tokens)), tokens, fontsize=5)
+      if tokens is not None and row == len(panels) - 1:
+        ax.set_xticks(range(len(tokens)), tokens, fontsize=5, rotation=90)
       ax.set_title(f'head {column}', fontsize=9)
       if column == 0:
         ax.set_ylabel(label, fontsize=9)
@@ -59,15 +65,21 @@ def forest(rows, margin=None, title=None, xlabel='difference from reference'):
   return fig
 
 
-def learning_curves(panels, title=None, ylabel='accuracy'):
+def learning_curves(panels, title=None, ylabel='accuracy', sharey=True):
   """One panel per entry of `panels` ({panel title: curves}); in each,
   one line per model, its mean over seeds, the band their range. Curves
   map a label to per-seed lists of (step, value), the same steps in
-  every seed."""
+  every seed; a label keeps its colour across panels. With `sharey`
+  False each panel has its own scale (`ylabel` is the first's)."""
   fig = figure.Figure(figsize=(4.2 * len(panels), 3.4))
-  axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+  axes = fig.subplots(1, len(panels), squeeze=False, sharey=sharey)[0]
+  colours = {}
+  for curves in panels.values():
+    for label in curves:
+      colours.setdefault(label, len(colours))
   for ax, (panel, curves) in zip(axes, panels.items()):
-    for i, (label, seeds) in enumerate(curves.items()):
+    for label, seeds in curves.items():
+      i = colours[label]
       steps = [s for s, _ in seeds[0]]
       values = [[v for _, v in seed] for seed in seeds]
       low = [min(v) for v in zip(*values)]
@@ -78,7 +90,8 @@ def learning_curves(panels, title=None, ylabel='accuracy'):
     ax.set_title(panel, fontsize=9)
     ax.set_xlabel('step')
   axes[0].set_ylabel(ylabel)
-  axes[-1].legend(fontsize=7, frameon=False, loc='center right')
+  fullest = max(reversed(axes), key=lambda ax: len(ax.get_lines()))
+  fullest.legend(fontsize=7, frameon=False, loc='center right')
   if title:
     fig.suptitle(title, fontsize=10)
   fig.tight_layout()

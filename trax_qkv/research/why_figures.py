@@ -3,11 +3,12 @@
   python3 -m trax_qkv.research.why_figures \
       --runs docs/runs/why_three_dense --output_dir docs/images/why_three_dense
 
-Reads the seeded runs' summary.json (self/seed*, cross/seed*) and the
-synthetic experiment's results.json and attention.json, draws each
-figure and writes the numbers it drew to figures.json beside them, so
-that a test can tell whether the committed figures are the committed
-runs'.
+Reads the seeded runs' summary.json (self/seed*, cross/seed*, and
+trained/seed* with seed 0's circuits.json once the trained-model runs
+are there) and the synthetic experiment's results.json and
+attention.json, draws each figure and writes the numbers it drew to
+figures.json beside them, so that a test can tell whether the committed
+figures are the committed runs'.
 """
 
 import argparse
@@ -36,6 +37,10 @@ SYNTHETIC_MODELS = (
   'no_projection',
   'raw_values',
 )
+# The trained-model measurement's runs (seed*/ under it), and whose
+# attention to one sentence is drawn: Trax's layer beside the symmetric.
+TRAINED = 'trained'
+SENTENCE_MODELS = ('reference', 'shared_query_key', 'no_projection')
 
 
 def _summaries(runs_dir, experiment):
@@ -109,22 +114,66 @@ def partner_and_self(weights, task=SYNTHETIC_TASK):
   ]  # fmt: skip
 
 
-def draw(runs_dir, output_dir):
-  """Draws every figure into output_dir; returns the numbers drawn."""
-  numbers = {}
-  for experiment in ('self', 'cross'):
-    summaries = _summaries(runs_dir, experiment)
-    rows = seeded_differences(summaries)
-    numbers[f'forest_{experiment}'] = rows
-    fig = figures.forest(
-      rows,
-      MARGIN,
-      f'{experiment}-attention varied: eval loss, variant − reference\n'
-      f'{len(summaries)} seeds, {summaries[0]["steps"]:,} steps; '
-      '95 % t intervals, uncorrected',
-      'eval loss difference (nats)',
-    )
-    fig.savefig(os.path.join(output_dir, f'forest_{experiment}.png'), dpi=110)
+def trained_curves(summaries, first_step=1000):
+  """{model: per-seed [[step, eval loss]]} from the seeds' summaries'
+  eval_loss_curve, from `first_step` on (the loss at step 1, near
+  log(vocabulary), would flatten the rest)."""
+  names = [
+    k for k, v in summaries[0].items()
+    if isinstance(v, dict) and 'eval_loss_curve' in v
+  ]  # fmt: skip
+  return {
+    name: [
+      [point for point in s[name]['eval_loss_curve'] if point[0] >= first_step]
+      for s in summaries
+    ]
+    for name in names
+  }
+
+
+def curve_differences(curves, baseline=BASELINE):
+  """{variant: per-seed [[step, variant − baseline]]} of `trained_curves`'
+  output, the baseline's evaluations at the same steps."""
+  base = curves[baseline]
+  return {
+    name: [
+      [[step, value - dict(b)[step]] for step, value in seed]
+      for seed, b in zip(seeds, base, strict=True)
+    ]
+    for name, seeds in curves.items()
+    if name != baseline
+  }
+
+
+def sentence_panels(measured, models, layer=0):
+  """{model: (heads, L, L)}: one layer of the encoder self-attention that
+  trax-qkv-circuits kept for one test sentence (circuits.json's
+  'sentence_attention'), for those of `models` it measured."""
+  return {
+    model: np.asarray(measured[model]['sentence_attention'][layer])
+    for model in models
+    if model in measured
+  }
+
+
+def _save(fig, output_dir, name):
+  fig.savefig(os.path.join(output_dir, name), dpi=110)
+
+
+def _forest(summaries, experiment, corrected=''):
+  rows = seeded_differences(summaries)
+  fig = figures.forest(
+    rows,
+    MARGIN,
+    f'{experiment}: eval loss, variant − reference\n'
+    f'{len(summaries)} seeds, {summaries[0]["steps"]:,} steps; '
+    f'95 % t intervals{corrected}',
+    'eval loss difference (nats)',
+  )
+  return rows, fig
+
+
+def _draw_synthetic(runs_dir, output_dir, numbers):
   with open(
     os.path.join(runs_dir, 'synthetic', synthetic_runs.RESULTS),
     encoding='utf-8',
@@ -137,7 +186,7 @@ def draw(runs_dir, output_dir):
     f'"{SYNTHETIC_TASK}" (each of a pair reads the other): accuracy, '
     'mean and range over seeds',
   )
-  fig.savefig(os.path.join(output_dir, 'synthetic_swap.png'), dpi=110)
+  _save(fig, output_dir, 'synthetic_swap.png')
   with open(
     os.path.join(runs_dir, 'synthetic', synthetic_runs.ATTENTION),
     encoding='utf-8',
@@ -152,7 +201,62 @@ def draw(runs_dir, output_dir):
     'learned attention\n(rows read columns; partners sit\n'
     'next to the diagonal)',
   )
-  fig.savefig(os.path.join(output_dir, 'synthetic_attention.png'), dpi=110)
+  _save(fig, output_dir, 'synthetic_attention.png')
+
+
+def draw_trained(runs_dir, output_dir, numbers):
+  """The trained-model measurement's figures, once its runs are there:
+  the forest plot, the learning curves, one sentence's attention."""
+  summaries = _summaries(runs_dir, TRAINED)
+  if not summaries:
+    return
+  numbers['forest_trained'], fig = _forest(
+    summaries, 'trained models, self-attention varied'
+  )
+  _save(fig, output_dir, 'forest_trained.png')
+  curves = trained_curves(summaries)
+  numbers['trained_curves'] = curves
+  fig = figures.learning_curves(
+    {
+      'eval loss (validation split, nats)': curves,
+      'variant − reference, paired by seed': curve_differences(curves),
+    },
+    f'Trained models: eval loss while training, mean and range over '
+    f'{len(summaries)} seeds',
+    ylabel='nats',
+    sharey=False,
+  )
+  _save(fig, output_dir, 'trained_curves.png')
+  path = os.path.join(runs_dir, TRAINED, 'seed0', 'circuits.json')
+  with open(path, encoding='utf-8') as f:
+    measured = json.load(f)
+  panels = sentence_panels(measured, SENTENCE_MODELS)
+  numbers['trained_sentence'] = {
+    model: [float(np.mean(np.diagonal(h))) for h in weights]
+    for model, weights in panels.items()
+  }
+  sentence = measured['sentence']
+  fig = figures.attention_grid(
+    panels,
+    f'"{sentence["source"]}": encoder self-attention, layer 1, seed 0\n'
+    '(rows read columns; the diagonal: a token on itself)',
+    tokens=sentence['tokens'],
+  )
+  _save(fig, output_dir, 'trained_sentence.png')
+
+
+def draw(runs_dir, output_dir):
+  """Draws every figure into output_dir; returns the numbers drawn."""
+  numbers = {}
+  for experiment in ('self', 'cross'):
+    numbers[f'forest_{experiment}'], fig = _forest(
+      _summaries(runs_dir, experiment),
+      f'{experiment}-attention varied, early in training',
+      ', uncorrected',
+    )
+    _save(fig, output_dir, f'forest_{experiment}.png')
+  _draw_synthetic(runs_dir, output_dir, numbers)
+  draw_trained(runs_dir, output_dir, numbers)
   return numbers
 
 

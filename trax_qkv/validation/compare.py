@@ -5,6 +5,7 @@ Each run is an output directory of `trax-qkv-validate`: its summary.json
 and one model directory per implementation.
 """
 
+import collections
 import json
 import os
 import re
@@ -161,7 +162,117 @@ def check_seeds(runs):
     raise ValueError(f'seeds: each seed once; got {seeds}.')
 
 
-def render_seeds(runs, references=None, baseline='reference'):
+# The pre-registered primary measure of docs/why_three_dense.md, and the
+# rule for whether the baseline's training had flattened by its end.
+PRIMARY = ('eval loss at the last step', 'eval_loss', '{:.3f}')
+FLAT_STEPS = 2000  # the fall is measured over this many last steps
+FLAT_FALL = 0.02  # nats: flattened where it fell by less, in every seed
+
+
+def _fall(curve, steps=FLAT_STEPS):
+  """How much an eval loss curve ([[step, loss]]) fell over its last
+  `steps` steps; None where it has no evaluation that far back."""
+  last_step, last = curve[-1]
+  earlier = [loss for step, loss in curve if step == last_step - steps]
+  return earlier[0] - last if earlier else None
+
+
+def decision_lines(summaries, names, margin, baseline='reference'):
+  """The pre-registered reading of the seeds' primary measure: each
+  variant's decision against `baseline` (`statistics.decide`: Holm over
+  the variants, TOST within `margin` nats), and whether the baseline's
+  eval loss had flattened (fell less than `FLAT_FALL` over its last
+  `FLAT_STEPS` steps, in every seed)."""
+  label, key, fmt = PRIMARY
+  variants = [n for n in names if n != baseline]
+  differences = {
+    n: [s[n][key] - s[baseline][key] for s in summaries] for n in variants
+  }
+  decided = statistics.decide(differences, margin)
+  lines = [
+    '',
+    f'Pre-registered decisions: {label}, variant − `{baseline}`, paired '
+    f'by seed; equivalence margin ±{margin} nats; Holm over the '
+    f'{len(variants)} variants for each claim (family-wise 5 %).',
+    '',
+    '| variant | difference [95 % interval] | adjusted p: worse / '
+    'equivalent / better | decision |',
+    '|---|---|---|---|',
+  ]
+  for n in variants:
+    verdict, p = decided[n]
+    lines.append(
+      f'| `{n}` | {interval(fmt, *across_seeds(differences[n]))} '
+      f'| {p["worse"]:.3f} / {p["equivalent"]:.3f} / {p["better"]:.3f} '
+      f'| **{verdict}** |'
+    )
+  falls = [
+    _fall(s[baseline]['eval_loss_curve'])
+    if s[baseline].get('eval_loss_curve')
+    else None
+    for s in summaries
+  ]
+  if None in falls:
+    flat = (
+      f'not measured: a seed has no evaluation {FLAT_STEPS:,} steps '
+      'before its last'
+    )
+  else:
+    flat = (
+      'fell by '
+      + ', '.join(f'{f:.3f}' for f in falls)
+      + ' nats (seeds in order): '
+      + (
+        f'flattened by the pre-registered rule (< {FLAT_FALL} in every seed)'
+        if all(f < FLAT_FALL for f in falls)
+        else f'not flattened (≥ {FLAT_FALL} in some seed): train on'
+      )
+    )
+  lines += [
+    '',
+    f"`{baseline}`'s eval loss over its last {FLAT_STEPS:,} steps: {flat}.",
+  ]
+  return lines
+
+
+def _bootstrap_rows(runs, references, baseline):
+  """BLEU and chrF of the greedy decodes, each model's difference from
+  `baseline` by paired bootstrap of the test sentences (the seeds' mean
+  difference)."""
+  from trax_qkv.supervised import scoring
+
+  names = runs[0][2]
+  summaries = [summary for _, summary, _ in runs]
+  rows = []
+  decodes = {n: [_decodes(run_dir, n) for run_dir, _, _ in runs] for n in names}
+  for metric, label in (
+    ('bleu_lowercase', 'BLEU lowercased'),
+    ('chrf', 'chrF'),
+  ):
+    rows.append(
+      f'| {label}, greedy, difference from `{baseline}`, paired bootstrap '
+      f'({len(references)} test sentences) | '
+      + ' | '.join(
+        ''
+        if n == baseline
+        else interval(
+          '{:.2f}',
+          *scoring.paired_bootstrap(
+            references,
+            decodes[baseline],
+            decodes[n],
+            metric,
+            summaries[0]['config']['bleu_tokenize'],
+          ),
+        )  # fmt: skip
+        for n in names
+      )
+      + ' |'
+    )
+  return rows
+
+
+def render_seeds(runs, references=None, baseline='reference', margin=None):
   """The seeds of one experiment in one table: per model, each score's
   mean ± sd over seeds, and its paired difference from `baseline` with a
   95 % interval across seeds (* where it excludes 0, each test on its
@@ -173,9 +284,10 @@ def render_seeds(runs, references=None, baseline='reference'):
     runs: (run directory, summary, model names) of each seed.
     references: None, or the test set's reference translations.
     baseline: the model the others are compared with.
+    margin: None, or the pre-registered equivalence margin of the eval
+      loss (nats): with two or more seeds, the table ends with each
+      variant's decision (`decision_lines`).
   """
-  from trax_qkv.supervised import scoring
-
   check_seeds(runs)
   names = runs[0][2]
   if baseline not in names:
@@ -223,33 +335,7 @@ def render_seeds(runs, references=None, baseline='reference'):
       + ' |'
     )
   if references is not None:
-    decodes = {
-      n: [_decodes(run_dir, n) for run_dir, _, _ in runs] for n in names
-    }
-    for metric, label in (
-      ('bleu_lowercase', 'BLEU lowercased'),
-      ('chrf', 'chrF'),
-    ):
-      lines.append(
-        f'| {label}, greedy, difference from `{baseline}`, paired bootstrap '
-        f'({len(references)} test sentences) | '
-        + ' | '.join(
-          ''
-          if n == baseline
-          else interval(
-            '{:.2f}',
-            *scoring.paired_bootstrap(
-              references,
-              decodes[baseline],
-              decodes[n],
-              metric,
-              summaries[0]['config']['bleu_tokenize'],
-            ),
-          )  # fmt: skip
-          for n in names
-        )
-        + ' |'
-      )
+    lines += _bootstrap_rows(runs, references, baseline)
   # The attention measures, per layer, as the seeds' mean.
   mean = {
     n: {
@@ -268,6 +354,8 @@ def render_seeds(runs, references=None, baseline='reference'):
   lines += circuit_rows([run_dir for run_dir, _, _ in runs], names)
   if p_values:
     lines += ['', holm_line(p_values, baseline)]
+  if margin is not None and len(runs) > 1:
+    lines += decision_lines(summaries, names, margin, baseline)
   return '\n'.join(lines) + '\n'
 
 
@@ -449,17 +537,32 @@ PAGE_BLOCK = re.compile(
 )
 
 
+PageTable = collections.namedtuple('PageTable', 'dirs table margin')
+
+
 def page_tables(text):
-  """[(run directories, table)] of the seeds tables that a page's `text`
-  embeds between PAGE_BLOCK's markers; each table must equal
-  `render_seeds` of its directories (a test checks the docs' pages)."""
-  return [(m['dirs'].split(), m['table']) for m in PAGE_BLOCK.finditer(text)]
+  """[PageTable] of the seeds tables that a page's `text` embeds between
+  PAGE_BLOCK's markers, the first naming the run directories and, after
+  them, `--margin NATS` where the table has decisions; each table must
+  equal `render_seeds` of its directories with that margin (a test
+  checks the docs' pages)."""
+  tables = []
+  for m in PAGE_BLOCK.finditer(text):
+    dirs, margin = m['dirs'].split(), None
+    if '--margin' in dirs:
+      i = dirs.index('--margin')
+      dirs, margin = dirs[:i], float(dirs[i + 1])
+    tables.append(PageTable(dirs, m['table'], margin))
+  return tables
 
 
-def compare_seeds(run_dirs, output_dir, source_dir=None, data_dir=None):
+def compare_seeds(
+  run_dirs, output_dir, source_dir=None, data_dir=None, margin=None
+):
   """Writes `SEEDS_TABLE`: the runs, seeds of one experiment, in one
   table with intervals (`render_seeds`, with the test set's references:
-  `reference_translations`); returns its text.
+  `reference_translations`, and the decisions within `margin` where
+  given); returns its text.
 
   Raises:
     ValueError: a run is not complete, the runs are not seeds of one
@@ -468,7 +571,7 @@ def compare_seeds(run_dirs, output_dir, source_dir=None, data_dir=None):
   runs = [(d, *load_run(d)) for d in run_dirs]
   check_seeds(runs)
   references = reference_translations(runs[0][1], source_dir, data_dir)
-  text = '# Seeds\n\n' + render_seeds(runs, references)
+  text = '# Seeds\n\n' + render_seeds(runs, references, margin=margin)
   os.makedirs(output_dir, exist_ok=True)
   files.write_text(os.path.join(output_dir, SEEDS_TABLE), text)
   return text
