@@ -26,7 +26,10 @@ out=${1:-runs/why_trained}
 data=${MULTI30K:-../shared/data/multi30k}
 steps=${STEPS:-6000}
 read -r -a seeds <<<"${SEEDS:-0 1 2}"
-models=(reference no_projection shared_query_key raw_values multi_query)
+# multi_query is the optional fifth model: MODELS="reference no_projection
+# shared_query_key raw_values" runs the four first, and a later run with
+# all five resumes them and adds it.
+read -r -a models <<<"${MODELS:-reference no_projection shared_query_key raw_values multi_query}"
 settings=(--source_dir "$data" --keys de en --vocab_size 8192 --d_model 128
           --d_ff 256 --n_layers 2 --n_heads 4 --dropout 0.1
           --label_smoothing 0.1 --max_length 64 --batch_size 64
