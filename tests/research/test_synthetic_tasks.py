@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 
 import jax
 import numpy as np
@@ -117,6 +118,21 @@ def test_the_experiment_resumes_and_tabulates(tmp_path, monkeypatch):
   table = runs.table(results).splitlines()
   assert len(table) == 4
   assert table[2] == (
-    '| swap | raw | `reference` | 2 | 0.625 [0.500, 0.750] | 2/2 | 100 '
-    '| 0.75 / 0.12 | 0, 0 |'
-  )
+    '| swap | raw | `reference` | 2 | 0.625 [0.500, 0.750] '
+    '| [-0.963, 2.213] | 2/2 | 100 | 0.75 / 0.12 | [0.750, 0.750] | 0, 0 |'
+  )  # the t interval of two seeds: 0.625 ± 12.71 × 0.177 / √2
+
+
+def test_the_committed_table_is_the_committed_results():
+  """docs/runs/why_three_dense/synthetic/synthetic.md, which the page
+  cites, is `table` of the results.json beside it."""
+  from helpers import ROOT
+
+  from trax_qkv.research import synthetic_runs as runs
+
+  here = os.path.join(ROOT, 'docs', 'runs', 'why_three_dense', 'synthetic')
+  with open(os.path.join(here, runs.RESULTS), encoding='utf-8') as f:
+    results = json.load(f)['runs']
+  assert len(results) == 320  # 4 tasks, 2 inputs, 8 layers, 5 seeds
+  with open(os.path.join(here, runs.TABLE), encoding='utf-8') as f:
+    assert f.read() == runs.table(results)

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from trax_qkv import files
+from trax_qkv.research import statistics
 from trax_qkv.research import synthetic_tasks as tasks
 
 # The question's variants: the symmetric ones (no QK projection, with and
@@ -112,20 +113,28 @@ def _cpu_name():
   return platform.machine()
 
 
+def _t_interval(values):
+  """'[low, high]': the 95 % Student t interval of the seeds' mean."""
+  _, low, high = statistics.interval(values)
+  return f'[{low:.3f}, {high:.3f}]'
+
+
 def table(results):
   """Markdown: per task, input and implementation, over its seeds: mean
-  accuracy [min, max], seeds solved (>= 0.99), the median steps to
-  solve, where the heads' maxima fall (on the target / on itself, mean
-  over heads and seeds), and rows or pairs breaking the bound (sums)."""
+  accuracy [min, max] and its 95 % t interval, seeds solved (>= 0.99),
+  the median steps to solve, where the heads' maxima fall (on the target
+  / on itself, mean over heads and seeds; the t interval of the share on
+  the target), and rows or pairs breaking the bound (sums)."""
   groups = {}
   for name, measures in results.items():
     task, inputs, implementation, _ = name.split('/')
     groups.setdefault((task, inputs, implementation), []).append(measures)
   rows = [
     '| task | input | implementation | seeds | accuracy, mean [min, max] '
-    '| solved | steps to solve (median) | argmax on target / on itself '
+    '| accuracy, 95 % t interval | solved | steps to solve (median) '
+    '| argmax on target / on itself | argmax on target, 95 % t interval '
     '| bound broken (rows, pairs) |',
-    '|---|---|---|---:|---|---:|---:|---|---|',
+    '|---|---|---|---:|---|---|---:|---:|---|---|---|',
   ]
   order = {name: i for i, name in enumerate(IMPLEMENTATIONS)}
   for (task, inputs, implementation), runs in sorted(
@@ -135,15 +144,17 @@ def table(results):
     accuracy = [r['accuracy'] for r in runs]
     solved = [r['steps_to_solve'] for r in runs if r['steps_to_solve']]
     steps = f'{np.median(solved):.0f}' if solved else '-'
-    target = np.mean([np.mean(r['argmax_on_target']) for r in runs])
+    on_target = [np.mean(r['argmax_on_target']) for r in runs]
+    target = np.mean(on_target)
     itself = np.mean([np.mean(r['argmax_on_self']) for r in runs])
     broken = sum(r['bound_breaking_rows'] for r in runs)
     mutual = sum(r['mutual_pairs'] for r in runs)
     rows.append(
       f'| {task} | {inputs} | `{implementation}` | {len(runs)} '
       f'| {np.mean(accuracy):.3f} [{min(accuracy):.3f}, {max(accuracy):.3f}] '
+      f'| {_t_interval(accuracy)} '
       f'| {len(solved)}/{len(runs)} | {steps} | {target:.2f} / {itself:.2f} '
-      f'| {broken}, {mutual} |'
+      f'| {_t_interval(on_target)} | {broken}, {mutual} |'
     )
   return '\n'.join(rows) + '\n'
 
