@@ -211,7 +211,9 @@ def draw_trained(runs_dir, output_dir, numbers):
   if not summaries:
     return
   numbers['forest_trained'], fig = _forest(
-    summaries, 'trained models, self-attention varied'
+    summaries,
+    'trained models, self-attention varied',
+    ', uncorrected (the decisions: Holm)',
   )
   _save(fig, output_dir, 'forest_trained.png')
   curves = trained_curves(summaries)
