@@ -272,7 +272,9 @@ def _assert_sentence_attention_is_trax_own(out, measured):
 
   config = tc._run_config(str(out))
   data = tc._prepared_data(config)
-  source, source_ids, target_ids = tc._test_sentences(config, data, 1)
+  source, source_ids, target_ids = tc._test_sentences(
+    config, data, data.vocab(), 1
+  )
   assert measured['sentence']['source'] == source[0]
   assert len(measured['sentence']['tokens']) == len(source_ids[0])
   found = model_dir.load(str(out / 'trax'))

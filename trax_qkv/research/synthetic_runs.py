@@ -70,11 +70,9 @@ def run(output_dir, settings, log=print):
   attention_path = os.path.join(output_dir, ATTENTION)
   results, attention = {}, {}
   if os.path.exists(path):
-    with open(path) as f:
-      results = json.load(f)['runs']
+    results = files.read_json_object(path, 'synthetic results')['runs']
   if os.path.exists(attention_path):
-    with open(attention_path) as f:
-      attention = json.load(f)
+    attention = files.read_json_object(attention_path, 'learned attention')
   for setting in settings:
     if key(setting) in results:
       continue

@@ -13,7 +13,6 @@ figures are the committed runs'.
 
 import argparse
 import glob
-import json
 import os
 
 import numpy as np
@@ -49,19 +48,19 @@ def _summaries(runs_dir, experiment):
   for path in sorted(
     glob.glob(os.path.join(runs_dir, experiment, 'seed*', 'summary.json'))
   ):
-    with open(path, encoding='utf-8') as f:
-      summaries.append(json.load(f))
+    summaries.append(files.read_json_object(path, 'a validate summary'))
   return summaries
+
+
+def _models_with(summary, key):
+  """The models of a summary.json that report `key`, in its order."""
+  return [k for k, v in summary.items() if isinstance(v, dict) and key in v]
 
 
 def seeded_differences(summaries, measure=MEASURE):
   """[(variant, mean, low, high)]: each variant's paired difference from
   the baseline in `measure` across the seeds' `summaries`."""
-  names = [
-    k
-    for k, v in summaries[0].items()
-    if isinstance(v, dict) and measure in v and k != BASELINE
-  ]
+  names = [k for k in _models_with(summaries[0], measure) if k != BASELINE]
   return [
     (
       name,
@@ -118,27 +117,23 @@ def trained_curves(summaries, first_step=1000):
   """{model: per-seed [[step, eval loss]]} from the seeds' summaries'
   eval_loss_curve, from `first_step` on (the loss at step 1, near
   log(vocabulary), would flatten the rest)."""
-  names = [
-    k for k, v in summaries[0].items()
-    if isinstance(v, dict) and 'eval_loss_curve' in v
-  ]  # fmt: skip
   return {
     name: [
       [point for point in s[name]['eval_loss_curve'] if point[0] >= first_step]
       for s in summaries
     ]
-    for name in names
+    for name in _models_with(summaries[0], 'eval_loss_curve')
   }
 
 
 def curve_differences(curves, baseline=BASELINE):
   """{variant: per-seed [[step, variant − baseline]]} of `trained_curves`'
   output, the baseline's evaluations at the same steps."""
-  base = curves[baseline]
+  base = [dict(seed) for seed in curves[baseline]]  # step -> loss, per seed
   return {
     name: [
-      [[step, value - dict(b)[step]] for step, value in seed]
-      for seed, b in zip(seeds, base, strict=True)
+      [[step, value - at[step]] for step, value in seed]
+      for seed, at in zip(seeds, base, strict=True)
     ]
     for name, seeds in curves.items()
     if name != baseline
@@ -174,11 +169,10 @@ def _forest(summaries, experiment, corrected=''):
 
 
 def _draw_synthetic(runs_dir, output_dir, numbers):
-  with open(
+  results = files.read_json_object(
     os.path.join(runs_dir, 'synthetic', synthetic_runs.RESULTS),
-    encoding='utf-8',
-  ) as f:
-    results = json.load(f)['runs']
+    'synthetic results',
+  )['runs']
   curves = synthetic_curves(results)
   numbers['synthetic_swap'] = curves
   fig = figures.learning_curves(
@@ -187,11 +181,12 @@ def _draw_synthetic(runs_dir, output_dir, numbers):
     'mean and range over seeds',
   )
   _save(fig, output_dir, 'synthetic_swap.png')
-  with open(
-    os.path.join(runs_dir, 'synthetic', synthetic_runs.ATTENTION),
-    encoding='utf-8',
-  ) as f:
-    panels = synthetic_attention(json.load(f))
+  panels = synthetic_attention(
+    files.read_json_object(
+      os.path.join(runs_dir, 'synthetic', synthetic_runs.ATTENTION),
+      'learned attention',
+    )
+  )
   numbers['synthetic_attention'] = {
     model: partner_and_self(weights) for model, weights in panels.items()
   }
@@ -229,9 +224,10 @@ def draw_trained(runs_dir, output_dir, numbers):
     sharey=False,
   )
   _save(fig, output_dir, 'trained_curves.png')
-  path = os.path.join(runs_dir, TRAINED, 'seed0', 'circuits.json')
-  with open(path, encoding='utf-8') as f:
-    measured = json.load(f)
+  measured = files.read_json_object(
+    os.path.join(runs_dir, TRAINED, 'seed0', 'circuits.json'),
+    'circuit measures',
+  )
   panels = sentence_panels(measured, SENTENCE_MODELS)
   numbers['trained_sentence'] = {
     model: [float(np.mean(np.diagonal(h))) for h in weights]

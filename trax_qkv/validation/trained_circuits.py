@@ -44,11 +44,10 @@ def _prepared_data(config, source_dir=None, data_dir=None):
   )
 
 
-def _test_sentences(config, data, n):
+def _test_sentences(config, data, vocab, n):
   """(sources, source ids, target ids) of the first `n` test sentences the
   run was tested on, each target its reference translation and EOS, as
-  the run's summary measured them."""
-  vocab = data.vocab()
+  the run's summary measured them; `vocab` is `data`'s."""
   test = data_lib.load_split(data.name, 'test', data.keys, data.data_dir)
   test = test[: config['max_test_sentences'] or None][:n]
   sources = [s for s, _ in test]
@@ -102,10 +101,11 @@ def measure(run_dir, log=print):
   )
   result = {'validation_pairs': int(sum(b[2][:, 0].sum() for b in batches))}
   # One test sentence's encoder self-attention, to draw.
-  sources, source_ids, target_ids = _test_sentences(config, data, 1)
+  vocab = data.vocab()
+  sources, source_ids, target_ids = _test_sentences(config, data, vocab, 1)
   result['sentence'] = dict(
     source=sources[0],
-    tokens=attention_maps.token_pieces(data.vocab(), source_ids[0]),
+    tokens=attention_maps.token_pieces(vocab, source_ids[0]),
   )
   signature = shapes.signature(batches[0][:2])
   for name, found in models.items():
@@ -171,7 +171,7 @@ def initial_scores(run_dir, source_dir=None, data_dir=None, log=print):
   data = _prepared_data(config, source_dir, data_dir)
   vocab = data.vocab()
   sources, source_ids, target_ids = _test_sentences(
-    config, data, config['score_sentences']
+    config, data, vocab, config['score_sentences']
   )
   # The weights' shapes do not depend on the length: any batch inits.
   tokens = np.ones((1, 4), np.int32)
