@@ -19,14 +19,12 @@ import numpy as np
 
 from trax_qkv import files
 from trax_qkv.research import figures
+from trax_qkv.research import preregistered
 from trax_qkv.research import statistics
 from trax_qkv.research import synthetic_runs
 from trax_qkv.research import synthetic_tasks
 
 BASELINE = 'reference'
-# The primary measure of the pre-registered comparison, and its margin.
-MEASURE = 'eval_loss'
-MARGIN = 0.05
 NUMBERS = 'figures.json'
 # The synthetic task where the bound bites, and the models drawn.
 SYNTHETIC_TASK = 'swap'
@@ -57,7 +55,7 @@ def _models_with(summary, key):
   return [k for k, v in summary.items() if isinstance(v, dict) and key in v]
 
 
-def seeded_differences(summaries, measure=MEASURE):
+def seeded_differences(summaries, measure=preregistered.PRIMARY_MEASURE):
   """[(variant, mean, low, high)]: each variant's paired difference from
   the baseline in `measure` across the seeds' `summaries`."""
   names = [k for k in _models_with(summaries[0], measure) if k != BASELINE]
@@ -159,7 +157,7 @@ def _forest(summaries, experiment, corrected=''):
   rows = seeded_differences(summaries)
   fig = figures.forest(
     rows,
-    MARGIN,
+    preregistered.MARGIN,
     f'{experiment}: eval loss, variant − reference\n'
     f'{len(summaries)} seeds, {summaries[0]["steps"]:,} steps; '
     f'95 % t intervals{corrected}',

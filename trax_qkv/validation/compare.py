@@ -13,6 +13,7 @@ import re
 import numpy as np
 
 from trax_qkv import files
+from trax_qkv.research import preregistered
 from trax_qkv.research import statistics
 from trax_qkv.validation import report
 
@@ -162,28 +163,21 @@ def check_seeds(runs):
     raise ValueError(f'seeds: each seed once; got {seeds}.')
 
 
-# The pre-registered primary measure of docs/why_three_dense.md, and the
-# rule for whether the baseline's training had flattened by its end.
-PRIMARY = ('eval loss at the last step', 'eval_loss', '{:.3f}')
-FLAT_STEPS = 2000  # the fall is measured over this many last steps
-FLAT_FALL = 0.02  # nats: flattened where it fell by less, in every seed
-
-
-def _fall(curve, steps=FLAT_STEPS):
-  """How much an eval loss curve ([[step, loss]]) fell over its last
-  `steps` steps; None where it has no evaluation that far back."""
-  last_step, last = curve[-1]
-  earlier = [loss for step, loss in curve if step == last_step - steps]
-  return earlier[0] - last if earlier else None
+# How the seeds table names and prints the pre-registered primary measure.
+PRIMARY = (
+  'eval loss at the last step',
+  preregistered.PRIMARY_MEASURE,
+  '{:.3f}',
+)
 
 
 def decision_lines(summaries, names, margin, baseline='reference'):
   """The pre-registered reading of the seeds' primary measure: each
   variant's decision against `baseline` (`statistics.decide`: Holm over
   the variants, TOST within `margin` nats), and whether the baseline's
-  eval loss had flattened (fell less than `FLAT_FALL` over its last
-  `FLAT_STEPS` steps, in every seed)."""
+  eval loss had flattened (`preregistered.flattened`)."""
   label, key, fmt = PRIMARY
+  flat_steps, flat_fall = preregistered.FLAT_STEPS, preregistered.FLAT_FALL
   variants = [n for n in names if n != baseline]
   differences = {
     n: [s[n][key] - s[baseline][key] for s in summaries] for n in variants
@@ -207,14 +201,14 @@ def decision_lines(summaries, names, margin, baseline='reference'):
       f'| **{verdict}** |'
     )
   falls = [
-    _fall(s[baseline]['eval_loss_curve'])
+    preregistered.fall(s[baseline]['eval_loss_curve'])
     if s[baseline].get('eval_loss_curve')
     else None
     for s in summaries
   ]
   if None in falls:
     flat = (
-      f'not measured: a seed has no evaluation {FLAT_STEPS:,} steps '
+      f'not measured: a seed has no evaluation {flat_steps:,} steps '
       'before its last'
     )
   else:
@@ -223,14 +217,14 @@ def decision_lines(summaries, names, margin, baseline='reference'):
       + ', '.join(f'{f:.3f}' for f in falls)
       + ' nats (seeds in order): '
       + (
-        f'flattened by the pre-registered rule (< {FLAT_FALL} in every seed)'
-        if all(f < FLAT_FALL for f in falls)
-        else f'not flattened (≥ {FLAT_FALL} in some seed): train on'
+        f'flattened by the pre-registered rule (< {flat_fall} in every seed)'
+        if preregistered.flattened(falls)
+        else f'not flattened (≥ {flat_fall} in some seed): train on'
       )
     )
   lines += [
     '',
-    f"`{baseline}`'s eval loss over its last {FLAT_STEPS:,} steps: {flat}.",
+    f"`{baseline}`'s eval loss over its last {flat_steps:,} steps: {flat}.",
   ]
   return lines
 
