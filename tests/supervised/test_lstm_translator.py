@@ -84,7 +84,7 @@ def test_validate_translate_attention_map_and_serve(tmp_path, capsys):
   want = attention_maps.cross_attention_weights(
     model_dir.model_fn(loaded.settings, {'cross_attention': 'trax'}),
     loaded.checkpoint,
-    decoding.encode_sources(loaded.vocab, [source]),
+    decoding.encode_with_eos(loaded.vocab, [source]),
     [loaded.vocab.encode(target) + [data_lib.EOS_ID]],
   )
   assert np.array_equal(np.asarray(maps['trax'][0], np.float32), want[0][0])

@@ -24,9 +24,10 @@ from trax_qkv.supervised import search
 from trax_qkv.supervised.progress import Progress
 
 
-def encode_sources(vocab, sources):
-  """Token ids with EOS appended, as the training pipeline makes them."""
-  return [vocab.encode(s) + [EOS_ID] for s in sources]
+def encode_with_eos(vocab, texts):
+  """Each text's token ids with EOS appended, as the training pipeline
+  makes them: a source to translate, or a target to teacher-force."""
+  return [vocab.encode(t) + [EOS_ID] for t in texts]
 
 
 def cut_at_eos(tokens):
@@ -275,7 +276,7 @@ def decode(
   Args:
     model_fn: called as model_fn(mode='predict') -> Trax layer.
     weights_file: the model's checkpoint (`model.pkl.gz`).
-    source_ids: lists of token ids, EOS included (`encode_sources`).
+    source_ids: lists of token ids, EOS included (`encode_with_eos`).
     n_beams: 1 decodes greedily; more runs beam search with this many.
     alpha: GNMT length penalty of beam search.
     batch_size: sentences decoded at once (beam search runs n_beams rows

@@ -11,7 +11,6 @@ from trax import shapes
 
 from trax_qkv import data as data_lib
 from trax_qkv import files
-from trax_qkv.data import EOS_ID
 from trax_qkv.research import circuits
 from trax_qkv.research import self_attention_scores
 from trax_qkv.supervised import attention_maps
@@ -53,8 +52,8 @@ def _test_sentences(config, data, vocab, n):
   sources = [s for s, _ in test]
   return (
     sources,
-    decoding.encode_sources(vocab, sources),
-    [vocab.encode(t) + [EOS_ID] for _, t in test],
+    decoding.encode_with_eos(vocab, sources),
+    decoding.encode_with_eos(vocab, [t for _, t in test]),
   )
 
 
