@@ -40,12 +40,6 @@ IMPLEMENTATIONS = (
   'multi_query',
   'one_head',
 )
-SYMMETRIC = (
-  'no_projection',
-  'no_projection_temperature',
-  'shared_query_key',
-  'raw_queries_keys',
-)
 RESULTS = 'results.json'
 TABLE = 'synthetic.md'
 ATTENTION = 'attention.json'
