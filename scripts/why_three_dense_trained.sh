@@ -19,7 +19,12 @@
 # it can run in sittings. If the reference's validation loss is still
 # falling by 0.02 nats or more over its last 2,000 steps in any seed, run
 # it again with more STEPS: each model resumes from its checkpoint (the
-# learning-rate schedule depends on the step only).
+# learning-rate schedule depends on the step only). To fix the last step
+# before the variants are trained to it, run the reference alone first
+# (MODELS=reference) with growing STEPS until compare's last line says
+# "flattened"; a run stopped by any signal keeps its last 1,000-step
+# checkpoint, so a long STEPS may also be stopped once the eval loss in
+# its log has flattened and rerun with STEPS at that checkpoint.
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"
 out=${1:-runs/why_trained}
