@@ -11,6 +11,8 @@ self_attention_scores
                    the scores a trained Transformer's self-attention
                    computes, per site
 statistics         paired t intervals, Holm, TOST: the pre-registered rule
+preregistered      the trained measurement's plan: primary measure,
+                   margin, when training has flattened
 figures            matplotlib figures; why_figures draws the page's from
                    its committed runs
 
