@@ -5,6 +5,8 @@ tokenizer, smoothing, version), so a number can be compared with another
 only where the signatures match.
 """
 
+import functools
+
 import numpy as np
 from sacrebleu.metrics import BLEU
 from sacrebleu.metrics import CHRF
@@ -77,12 +79,32 @@ def scores(hypotheses, references, tokenize='13a'):
   return out
 
 
-def _metric(name, tokenize):
+@functools.lru_cache(maxsize=4)
+def _scorer(name, tokenize, references):
+  """sacreBLEU's metric `name` holding `references` (a tuple of strings)
+  preprocessed once: comparing many systems on one test set would
+  otherwise extract the references' n-grams again for every system."""
+  references = [list(references)]
   return {
-    'bleu': lambda: BLEU(tokenize=tokenize),
-    'bleu_lowercase': lambda: BLEU(tokenize=tokenize, lowercase=True),
-    'chrf': CHRF,
+    'bleu': lambda: BLEU(tokenize=tokenize, references=references),
+    'bleu_lowercase': lambda: BLEU(
+      tokenize=tokenize, lowercase=True, references=references
+    ),
+    'chrf': lambda: CHRF(references=references),
   }[name]()
+
+
+@functools.lru_cache(maxsize=64)
+def _statistics(name, tokenize, references, hypotheses):
+  """Per-sentence sufficient statistics of `hypotheses` against
+  `references` (tuples of strings), read-only: a baseline's are reused
+  for every system compared with it."""
+  scorer = _scorer(name, tokenize, references)
+  stats = np.array(
+    scorer._extract_corpus_statistics(list(hypotheses), None), np.float64
+  )
+  stats.flags.writeable = False
+  return stats
 
 
 def paired_bootstrap(
@@ -111,32 +133,45 @@ def paired_bootstrap(
       'baseline and systems must give the same number (>= 1) of seeds; '
       f'got {len(baseline)} and {len(systems)}.'
     )
-  scorer = _metric(metric, tokenize)
+  references = tuple(references)
+  scorer = _scorer(metric, tokenize, references)
 
   def stats(hypotheses):
     if len(hypotheses) != len(references):
       raise ValueError(
         f'{len(hypotheses)} hypotheses for {len(references)} references.'
       )
-    return np.array(
-      scorer._extract_corpus_statistics(hypotheses, [references]), np.float64
-    )
+    return _statistics(metric, tokenize, references, tuple(hypotheses))
 
   pairs = [(stats(b), stats(s)) for b, s in zip(baseline, systems)]
 
-  def difference(rows):
+  def difference(b_totals, s_totals):
     return np.mean(
       [
-        scorer._compute_score_from_stats(s[rows].sum(0)).score
-        - scorer._compute_score_from_stats(b[rows].sum(0)).score
-        for b, s in pairs
+        scorer._compute_score_from_stats(s).score
+        - scorer._compute_score_from_stats(b).score
+        for b, s in zip(b_totals, s_totals)
       ]
     )
 
+  # Each resample as the number of times it draws each sentence: one
+  # product then sums every resample's statistics. They are counts, so
+  # the sums are exact in any order.
+  n = len(references)
   rng = np.random.default_rng(seed)
+  draws = np.stack(
+    [
+      np.bincount(rng.integers(n, size=n), minlength=n)
+      for _ in range(n_samples)
+    ]
+  ).astype(np.float64)
+  totals = [(draws @ b, draws @ s) for b, s in pairs]
   samples = [
-    difference(rng.integers(len(references), size=len(references)))
-    for _ in range(n_samples)
+    difference([b[i] for b, _ in totals], [s[i] for _, s in totals])
+    for i in range(n_samples)
   ]
   low, high = np.percentile(samples, [2.5, 97.5])
-  return float(difference(slice(None))), float(low), float(high)
+  observed = difference(
+    [b.sum(0) for b, _ in pairs], [s.sum(0) for _, s in pairs]
+  )
+  return float(observed), float(low), float(high)
