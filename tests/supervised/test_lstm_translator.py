@@ -12,7 +12,6 @@ import pytest
 
 from trax_qkv import data as data_lib
 from trax_qkv.supervised import attention_maps
-from trax_qkv.supervised import decoding
 from trax_qkv.supervised import model_dir
 from trax_qkv.validation import config as config_lib
 from trax_qkv.validation import run as validation
@@ -84,7 +83,7 @@ def test_validate_translate_attention_map_and_serve(tmp_path, capsys):
   want = attention_maps.cross_attention_weights(
     model_dir.model_fn(loaded.settings, {'cross_attention': 'trax'}),
     loaded.checkpoint,
-    decoding.encode_with_eos(loaded.vocab, [source]),
+    data_lib.encode_with_eos(loaded.vocab, [source]),
     [loaded.vocab.encode(target) + [data_lib.EOS_ID]],
   )
   assert np.array_equal(np.asarray(maps['trax'][0], np.float32), want[0][0])

@@ -22,7 +22,6 @@ import pytest
 from trax_qkv import data as data_lib
 from trax_qkv.research import head_measures
 from trax_qkv.supervised import attention_maps
-from trax_qkv.supervised import decoding
 from trax_qkv.supervised import locking
 from trax_qkv.supervised import model_dir
 from trax_qkv.supervised import scoring
@@ -308,7 +307,7 @@ def test_attention_map_holds_the_viz_mode_weights(tiny_run, tmp_path):
   written = json.loads(path.read_text(encoding='utf-8'))
   # The model in viz mode, run here: its cross-attention layers' state.
   loaded = model_dir.load(out / 'reference')
-  source_ids = decoding.encode_with_eos(loaded.vocab, [source])
+  source_ids = data_lib.encode_with_eos(loaded.vocab, [source])
   target_ids = [loaded.vocab.encode(target) + [data_lib.EOS_ID]]
   expected = attention_maps.cross_attention_weights(
     model_dir.model_fn(loaded.settings),

@@ -25,6 +25,7 @@ from trax_qkv.data.pipeline import TranslationData
 from trax_qkv.data.pipeline import TranslationInputs
 from trax_qkv.data.pipeline import build_vocab
 from trax_qkv.data.pipeline import check_keys
+from trax_qkv.data.pipeline import encode_with_eos
 from trax_qkv.data.pipeline import load_split
 from trax_qkv.data.pipeline import load_vocab
 from trax_qkv.data.pipeline import prepare_translation_data

@@ -281,6 +281,12 @@ def TranslationInputs(
   )
 
 
+def encode_with_eos(vocab, texts):
+  """Each text's token ids with EOS appended, as the training batches hold
+  them: a source to translate, or a target to teacher-force."""
+  return [vocab.encode(t) + [EOS_ID] for t in texts]
+
+
 def split_batches(data, split, max_length, batch_size, widths=(16, 32)):
   """Every pair of `split` once, as the batches of `TranslationInputs`
   ((source, target, weights): EOS appended, pairs longer than
@@ -293,11 +299,12 @@ def split_batches(data, split, max_length, batch_size, widths=(16, 32)):
   split.
   """
   vocab = data.vocab()
+  split_pairs = load_split(data.name, split, data.keys, data.data_dir)
   pairs = sorted(
     (ids_s, ids_t)
-    for ids_s, ids_t in (
-      (vocab.encode(s) + [EOS_ID], vocab.encode(t) + [EOS_ID])
-      for s, t in load_split(data.name, split, data.keys, data.data_dir)
+    for ids_s, ids_t in zip(
+      encode_with_eos(vocab, [s for s, _ in split_pairs]),
+      encode_with_eos(vocab, [t for _, t in split_pairs]),
     )
     if len(ids_s) <= max_length and len(ids_t) <= max_length
   )

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 from trax import shapes
 
+from trax_qkv import data as data_lib
 from trax_qkv.data import EOS_ID
 from trax_qkv.models import registry
 from trax_qkv.supervised import decoding
@@ -118,7 +119,7 @@ def for_sentence(model_dir, source, target=None, attention=None):
   registry.check_attention(attention)
   model = model_dir_lib.load(model_dir)
   model_fn = model_dir_lib.model_fn(model.settings, attention)
-  source_ids = decoding.encode_with_eos(model.vocab, [source])[0]
+  source_ids = data_lib.encode_with_eos(model.vocab, [source])[0]
   translation.check_sources_fit([source_ids], model.settings, [1])
   translation.check_checkpoint(model, model_fn)
   if target is None:
@@ -137,7 +138,7 @@ def for_sentence(model_dir, source, target=None, attention=None):
 def encode_target(vocab, target, settings):
   """The ids of a target sentence to teacher-force, EOS included;
   ValueError if the model has no positions for them."""
-  target_ids = decoding.encode_with_eos(vocab, [target])[0]
+  target_ids = data_lib.encode_with_eos(vocab, [target])[0]
   if len(target_ids) > settings['max_len']:
     raise ValueError(
       f'target has {len(target_ids)} subwords with EOS; the '

@@ -24,12 +24,6 @@ from trax_qkv.supervised import search
 from trax_qkv.supervised.progress import Progress
 
 
-def encode_with_eos(vocab, texts):
-  """Each text's token ids with EOS appended, as the training pipeline
-  makes them: a source to translate, or a target to teacher-force."""
-  return [vocab.encode(t) + [EOS_ID] for t in texts]
-
-
 def cut_at_eos(tokens):
   tokens = list(tokens)
   return tokens[: tokens.index(EOS_ID)] if EOS_ID in tokens else tokens
@@ -276,7 +270,8 @@ def decode(
   Args:
     model_fn: called as model_fn(mode='predict') -> Trax layer.
     weights_file: the model's checkpoint (`model.pkl.gz`).
-    source_ids: lists of token ids, EOS included (`encode_with_eos`).
+    source_ids: lists of token ids, EOS included
+      (`trax_qkv.data.encode_with_eos`).
     n_beams: 1 decodes greedily; more runs beam search with this many.
     alpha: GNMT length penalty of beam search.
     batch_size: sentences decoded at once (beam search runs n_beams rows

@@ -6,6 +6,7 @@ import math
 import numpy as np
 from trax import shapes
 
+from trax_qkv import data as data_lib
 from trax_qkv.models import registry
 from trax_qkv.supervised import checkpointing
 from trax_qkv.supervised import decoding
@@ -63,7 +64,7 @@ def encode_lines(model, sentences, max_length=None, start=0):
   of a ModelDir's `sentences`, translated together. ValueError, as
   `check_sources_fit`, for one too long for the model; `start` as there."""
   todo = [i for i, s in enumerate(sentences) if s.strip()]
-  sources = decoding.encode_with_eos(model.vocab, [sentences[i] for i in todo])
+  sources = data_lib.encode_with_eos(model.vocab, [sentences[i] for i in todo])
   check_sources_fit(
     sources, model.settings, [start + i + 1 for i in todo], start
   )

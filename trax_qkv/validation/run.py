@@ -213,7 +213,7 @@ def prepare_corpus(config, data, log=print):
     test = test[: config.max_test_sentences]
   sources = [s for s, _ in test]
   references = [t for _, t in test]
-  source_ids = decoding.encode_with_eos(vocab, sources)
+  source_ids = data_lib.encode_with_eos(vocab, sources)
   return Corpus(
     data,
     vocab,
@@ -433,7 +433,7 @@ HEAD_BATCH = 50  # of them at a time
 
 def _targets(corpus, translations, n):
   """The first `n` of `translations` as ids to teacher-force, EOS last."""
-  return decoding.encode_with_eos(corpus.vocab, translations[:n])
+  return data_lib.encode_with_eos(corpus.vocab, translations[:n])
 
 
 def cross_attention_heads(reader, corpus, log=print):

@@ -14,7 +14,6 @@ from trax_qkv import files
 from trax_qkv.research import circuits
 from trax_qkv.research import self_attention_scores
 from trax_qkv.supervised import attention_maps
-from trax_qkv.supervised import decoding
 from trax_qkv.supervised import model_dir
 from trax_qkv.validation import config as config_lib
 
@@ -52,8 +51,8 @@ def _test_sentences(config, data, vocab, n):
   sources = [s for s, _ in test]
   return (
     sources,
-    decoding.encode_with_eos(vocab, sources),
-    decoding.encode_with_eos(vocab, [t for _, t in test]),
+    data_lib.encode_with_eos(vocab, sources),
+    data_lib.encode_with_eos(vocab, [t for _, t in test]),
   )
 
 
