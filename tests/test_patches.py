@@ -12,7 +12,6 @@ import sys
 import types
 import warnings
 
-from helpers import TINY_TRANSFORMER
 import jax
 import numpy as np
 from packaging import requirements
@@ -393,105 +392,6 @@ def test_serial_init_inside_a_traced_function():
   ]  # fmt: skip
 
 
-# --------------------------------------------- patch 10: loading weights
-
-
-TRAX_WEIGHTS_AND_STATE_SIGNATURE = trax.layers.Layer.weights_and_state_signature
-
-
-def _load_with(init_from_file, model_fn, path, signature, monkeypatch):
-  """(weights leaves, their tree, state leaves, abstract traces of init)
-  of a fresh model loaded from `path` with `init_from_file` as Layer's."""
-  monkeypatch.setattr(trax.layers.Layer, 'init_from_file', init_from_file)
-  traces = []
-  trace = TRAX_WEIGHTS_AND_STATE_SIGNATURE
-
-  def counted(self, *args, **kwargs):
-    traces.append(type(self).__name__)
-    return trace(self, *args, **kwargs)
-
-  monkeypatch.setattr(trax.layers.Layer, 'weights_and_state_signature', counted)
-  model = model_fn()
-  model.init_from_file(path, weights_only=True, input_signature=signature)
-  leaves, tree = jax.tree_util.tree_flatten(model.weights)
-  state = jax.tree_util.tree_leaves(model.state)
-  return [np.asarray(x) for x in leaves], tree, state, traces
-
-
-def _shared_dense(mode):
-  del mode
-  dense = trax.layers.Dense(4)  # one layer twice: its weights saved once
-  return trax.layers.Serial(
-    trax.layers.Embedding(30, 4), dense, trax.layers.Relu(), dense
-  )
-
-
-@pytest.mark.parametrize(
-  'model_fn,mode',
-  [
-    (
-      functools.partial(trax.models.Transformer, 30, **TINY_TRANSFORMER),
-      'eval',
-    ),
-    (
-      functools.partial(trax.models.Transformer, 30, **TINY_TRANSFORMER),
-      'predict',
-    ),
-    (
-      functools.partial(
-        trax.models.LSTMSeq2SeqAttn,
-        input_vocab_size=30,
-        target_vocab_size=30,
-        d_model=8,
-        n_encoder_layers=1,
-        n_decoder_layers=1,
-        n_attention_heads=2,
-      ),
-      'predict',
-    ),
-    (_shared_dense, 'eval'),
-  ],
-  ids=['transformer-eval', 'transformer-predict', 'lstm-predict', 'shared'],
-)
-def test_weights_load_as_trax_loads_them_without_a_second_trace(
-  model_fn, mode, tmp_path, monkeypatch
-):
-  """A checkpoint's weights loaded with `weights_only` and a signature (as
-  every command loads a model): the same leaves, tree and fresh state as
-  Trax's own `init_from_file` gives, with no abstract trace of `init`."""
-  assert trax.layers.Layer.init_from_file is patches._init_from_file
-  signature = (shapes.ShapeDtype((2, 5), np.int32),) * 2
-  if model_fn is _shared_dense:
-    signature = signature[0]
-  saved = model_fn(mode='eval')
-  saved.init(signature, rng=jax.random.PRNGKey(5))
-  path = str(tmp_path / 'model.pkl.gz')
-  saved.save_to_file(path)
-  if mode == 'predict':
-    signature = jax.tree_util.tree_map(
-      lambda s: shapes.ShapeDtype((s.shape[0], 1), s.dtype), signature
-    )
-  build = functools.partial(model_fn, mode=mode)
-  ours = _load_with(
-    patches._init_from_file, build, path, signature, monkeypatch
-  )
-  trax_own = _load_with(
-    patches._original_init_from_file, build, path, signature, monkeypatch
-  )
-  assert ours[3] == [] and len(trax_own[3]) == 1
-  assert ours[1] == trax_own[1] and len(ours[0]) == len(trax_own[0]) > 0
-  for a, b in zip(ours[0], trax_own[0]):
-    assert a.dtype == b.dtype and np.array_equal(a, b)
-  assert len(ours[2]) == len(trax_own[2])
-  for a, b in zip(ours[2], trax_own[2]):
-    assert np.array_equal(a, b)
-  # The file's weights, a shared layer's once.
-  expected = jax.tree_util.tree_leaves(saved.weights)
-  assert len(expected) == len(ours[0])
-  for a, b in zip(ours[0], expected):
-    assert np.array_equal(a, b)
-
-
 # ------------------------------------------ patch 9: Trax master's tf_inputs
 
 MASTER_TF_INPUTS = """import tensorflow as tf
@@ -587,7 +487,6 @@ CHANGED_BY_IMPORT = sorted(
     'trax.layers.np_from_file',
     'trax.supervised.history.History.from_dict',  # 5
     'trax.layers.combinators.Serial.init_weights_and_state',  # 7
-    'trax.layers.base.Layer.init_from_file',  # 10
     'trax.models.transformer.tl',  # 8
     'trax.models.rnn.tl',
     'trax.models.research.rezero.tl',

@@ -7,9 +7,8 @@ from running code, the fifth lets `training.Loop` restore what Trax's
 older trainer wrote, the sixth cuts most of the time importing Trax
 takes, the seventh most of the time building a model takes, the eighth
 makes trax.models' attention selectable, building Trax's own layers
-until a user chooses, the ninth lets Trax from GitHub master import
-on current TensorFlow, and the tenth about half the time loading a
-checkpoint's weights into a model takes. They are written for the trax and jax
+until a user chooses, and the ninth lets Trax from GitHub master import
+on current TensorFlow. They are written for the trax and jax
 versions that trax_qkv's own package metadata requires (setup.cfg); with
 others `apply()` warns.
 
@@ -73,14 +72,6 @@ others `apply()` warns.
    none. Recognised by that line of the module's source, it reads
    `ModeKeys` from trax_qkv instead; like patch 6 it must be in place
    before Trax is imported, and `trax_qkv.import_patches` holds it.
-10. `trax.layers.base.Layer.init_from_file`: given `weights_only` and an
-   `input_signature` (how every command loads a model to decode, draw or
-   measure), Trax initializes the layer and then traces its `init` a
-   second time, abstractly, for the tree to put the file's weights in.
-   `init` returns `(self.weights, self.state)`, so the tree is the one
-   the first `init` just made, and it is taken from there; every other
-   call is Trax's own. The weights loaded are Trax's, leaf for leaf
-   (tests/test_patches.py).
 """
 
 import contextlib
@@ -118,7 +109,6 @@ _original_on_cpu = acceleration.on_cpu
 _original_np_from_file = trax_layers_base.np_from_file
 _original_history_from_dict = trax_history.History.from_dict.__func__
 _original_serial_init = trax_combinators.Serial.init_weights_and_state
-_original_init_from_file = trax_layers_base.Layer.init_from_file
 _CHECKPOINT_READERS = (
   trax_training,
   trax_layers_base,
@@ -223,28 +213,6 @@ def _serial_init_weights_and_state(self, input_signature):
   )
 
 
-def _init_from_file(self, file_name, weights_only=False, input_signature=None):
-  """Trax's `Layer.init_from_file`, its second `init` skipped (patch 10)."""
-  if not (weights_only and input_signature is not None):
-    return _original_init_from_file(
-      self, file_name, weights_only, input_signature
-    )
-
-  def just_made(signature, unsafe=False):
-    del signature, unsafe
-    return self.weights, self.state
-
-  # For this call on this layer only; Layer.__setattr__ refuses public
-  # names, and the class's method stays Trax's.
-  object.__setattr__(self, 'weights_and_state_signature', just_made)
-  try:
-    return _original_init_from_file(
-      self, file_name, weights_only, input_signature
-    )
-  finally:
-    object.__delattr__(self, 'weights_and_state_signature')
-
-
 def _route_attention():
   """Patch 8: trax.models builds each site's layer through a Dispatcher.
 
@@ -282,7 +250,7 @@ def _route_attention():
 
 
 def apply():
-  """Applies patches 1-5, 7, 8 and 10, and 6 if Trax was imported before
+  """Applies patches 1-5, 7 and 8, and 6 if Trax was imported before
   trax_qkv (otherwise `import_patches` put 6 and 9 in place before Trax
   was imported); idempotent."""
   global _applied
@@ -316,7 +284,6 @@ def apply():
   trax_combinators.Serial.init_weights_and_state = (
     _serial_init_weights_and_state
   )
-  trax_layers_base.Layer.init_from_file = _init_from_file
   import_patches.install()  # if Trax was imported before trax_qkv
   skipped = _route_attention()
   if skipped:
